@@ -1,0 +1,41 @@
+# Every target creates and uses the project's own virtual environment in .venv.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip install -q -c constraints.txt
+PRESET ?= quickstart
+
+.PHONY: run test bench reproduce reproduce-tests lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP) -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) -e '.[test]'
+	touch $@
+
+run: $(VENV)/.installed
+	$(BIN)/clusterfed compare quickstart --out runs/quickstart
+
+test: $(VENV)/.installed-test
+	$(BIN)/ruff check clusterfed tests benchmarks
+	$(BIN)/python -m pytest -q
+
+bench: $(VENV)/.installed
+	$(BIN)/python benchmarks/round_time.py
+
+reproduce: $(VENV)/.installed
+	$(BIN)/clusterfed run $(PRESET) --out runs/reproduce-$(PRESET)
+
+reproduce-tests: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q -m reproduction
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check clusterfed tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,23 @@
+"""Server logic only: each algorithm plans client tasks and updates an explicit state."""
+
+# Importing the modules registers the algorithms.
+from clusterfed.algorithms import fedavg, local  # noqa: E402,F401,I001
+from clusterfed.algorithms.base import (
+    ALGORITHMS,
+    Algorithm,
+    ClusterView,
+    RoundContext,
+    Setup,
+    Update,
+    build_algorithm,
+)
+
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "ClusterView",
+    "RoundContext",
+    "Setup",
+    "Update",
+    "build_algorithm",
+]

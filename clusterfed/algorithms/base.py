@@ -1,0 +1,80 @@
+"""The algorithm interface: init / plan / update over an explicit, serialisable state."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+from clusterfed.client.tasks import ClientResult, ClientTask, TrainSpec
+from clusterfed.errors import ConfigError
+from clusterfed.registry import Registry, accepted_keys, check_keys
+
+S = TypeVar("S")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the server knows before round 0: no client data, only counts and the initial model."""
+
+    num_clients: int
+    initial_params: np.ndarray  # flat float32
+    num_samples: np.ndarray     # training samples per client
+    seed: int
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    round: int                 # 0-based
+    sampled: np.ndarray        # client ids sampled this round, sorted
+    train: TrainSpec           # local training settings for this round (lr already decayed)
+    step: int = 0              # sub-step within the round, for algorithms with several phases
+
+
+@dataclass(frozen=True)
+class Update:
+    state: Any
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    events: Sequence[Mapping[str, Any]] = ()
+    round_done: bool = True    # False: plan again within the same round (step + 1)
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """Which model serves which client: `models[assignment[c]]` is client c's model."""
+
+    models: np.ndarray       # (K, d) float32
+    assignment: np.ndarray   # (num_clients,) int, index into models
+
+    @property
+    def num_clusters(self) -> int:
+        return len(np.unique(self.assignment))
+
+
+class Algorithm(Protocol[S]):
+    """Server logic. Constructors store hyper-parameters only; all else lives in the state."""
+
+    def init(self, setup: Setup) -> S: ...
+
+    def plan(self, state: S, ctx: RoundContext) -> list[ClientTask]: ...
+
+    def update(self, state: S, ctx: RoundContext, results: Sequence[ClientResult]) -> Update: ...
+
+    def clusters(self, state: S) -> ClusterView: ...
+
+
+ALGORITHMS: Registry[type] = Registry("algorithm")
+
+
+def build_algorithm(section: Mapping[str, Any]) -> Algorithm[Any]:
+    """Build an algorithm from the config's `algorithm` section (its name and its own fields)."""
+    options = dict(section)
+    name = options.pop("name", None)
+    cls = ALGORITHMS.get(str(name))
+    check_keys("algorithm", options, accepted_keys(cls))
+    try:
+        return cls(**options)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"algorithm {name}: {err}") from err

@@ -1,0 +1,121 @@
+"""The command line: clusterfed run | compare | presets | report."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+
+from clusterfed import config as cfg
+from clusterfed.errors import ClusterfedError
+
+
+def _out_dir(out: str | None, name: str, label: str) -> Path:
+    return Path(out) if out else Path("runs") / f"{name}-{label}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _resolve(source: str, overrides: Sequence[str], data_dir: str | None) -> tuple[str, dict]:
+    name, raw = cfg.load_source(source)
+    extra = [f"data.root={data_dir}"] if data_dir else []
+    return name, cfg.resolve(raw, [*overrides, *extra])
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", is_flag=True, help="Log more.")
+def main(verbose: bool) -> None:
+    """Clustered federated learning: run, compare and report the papers' methods."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s: %(message)s")
+
+
+@main.command()
+@click.argument("source", required=False)
+@click.argument("overrides", nargs=-1)
+@click.option("--out", help="Run folder (default runs/NAME-ALGORITHM-TIME).")
+@click.option("--data-dir", help="Data root (default $CLUSTERFED_DATA or the user cache).")
+@click.option("--resume", "resume_dir", help="Continue this run folder from its checkpoint.")
+def run(source: str | None, overrides: tuple[str, ...], out: str | None, data_dir: str | None,
+        resume_dir: str | None) -> None:
+    """Run PRESET or CONFIG.yaml with key=value overrides, or --resume a run folder."""
+    from clusterfed.report import write_report
+    from clusterfed.sim.simulation import resume_run, run_config
+
+    if resume_dir:
+        if source or overrides:
+            raise ClusterfedError("--resume continues a run with its own config.yaml; "
+                                  "give no preset or overrides")
+        summary = resume_run(resume_dir, data_dir=data_dir)
+        folder = Path(resume_dir)
+    else:
+        if not source:
+            raise ClusterfedError("give a preset name or a config file (see `clusterfed presets`)")
+        name, config = _resolve(source, overrides, data_dir)
+        folder = _out_dir(out, name, config["algorithm"]["name"])
+        summary = run_config(config, folder)
+    write_report(folder)
+    c = summary["clustering"]
+    click.echo(f"{summary['algorithm']}: mean accuracy {summary['final']['mean_accuracy']:.4f}, "
+               f"{c['n_clusters']} clusters, ARI {c['ari']:.3f}, {summary['wall_seconds']:.1f} s")
+    click.echo(f"run folder: {folder}")
+
+
+@main.command()
+@click.argument("source")
+@click.argument("overrides", nargs=-1)
+@click.option("--algorithms", help="Comma-separated names (default: the preset's list).")
+@click.option("--out", help="Comparison folder (default runs/NAME-compare-TIME).")
+@click.option("--data-dir", help="Data root (default $CLUSTERFED_DATA or the user cache).")
+def compare(source: str, overrides: tuple[str, ...], algorithms: str | None, out: str | None,
+            data_dir: str | None) -> None:
+    """Run several algorithms on the same federation and tabulate them."""
+    from clusterfed.experiments.compare import compare as run_compare
+    from clusterfed.experiments.compare import format_table, table_rows
+    from clusterfed.report import write_report
+
+    name, config = _resolve(source, overrides, data_dir)
+    folder = _out_dir(out, name, "compare")
+    names = [a.strip() for a in algorithms.split(",") if a.strip()] if algorithms else None
+    comparison = run_compare(config, folder, names)
+    write_report(folder)
+    click.echo(format_table(table_rows(comparison)))
+    click.echo(f"report: {folder / 'report.md'}")
+
+
+@main.command()
+def presets() -> None:
+    """List the presets."""
+    for name in cfg.preset_names():
+        first = (cfg.presets_dir() / f"{name}.yaml").read_text().splitlines()[0]
+        click.echo(f"{name:28s} {first.lstrip('# ') if first.startswith('#') else ''}")
+
+
+@main.command()
+@click.argument("folders", nargs=-1, required=True)
+def report(folders: tuple[str, ...]) -> None:
+    """Write report.md with plots into each run or comparison folder."""
+    from clusterfed.report import write_report
+
+    for folder in folders:
+        click.echo(f"wrote {write_report(folder)}")
+
+
+def entry() -> None:
+    try:
+        main(standalone_mode=False)
+    except ClusterfedError as err:
+        click.echo(f"error: {err}", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as err:
+        err.show()
+        sys.exit(err.exit_code)
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,23 @@
+"""How well found clusters match the true ones."""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+
+def contingency(true: np.ndarray, found: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Counts of clients per (true cluster, found cluster), with the row and column labels."""
+    true_ids, t = np.unique(true, return_inverse=True)
+    found_ids, f = np.unique(found, return_inverse=True)
+    table = np.zeros((len(true_ids), len(found_ids)), dtype=np.int64)
+    np.add.at(table, (t, f), 1)
+    return table, true_ids, found_ids
+
+
+def clustering_scores(true: np.ndarray, found: np.ndarray) -> dict[str, float]:
+    """Adjusted Rand index and normalised mutual information of a clustering against the truth."""
+    return {
+        "ari": float(adjusted_rand_score(true, found)),
+        "nmi": float(normalized_mutual_info_score(true, found)),
+    }

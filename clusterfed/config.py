@@ -1,0 +1,177 @@
+"""Run configuration: defaults, presets, YAML files and dotted `key=value` overrides."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from clusterfed.errors import ConfigError
+
+DEFAULTS: dict[str, Any] = {
+    "seed": 0,
+    "data": {"dataset": "digits", "root": None},
+    "scenario": {"kind": "iid", "clients": 10, "clusters": 1},
+    "model": {"name": "digits_cnn"},
+    "train": {
+        "rounds": 10,
+        "participation": 1.0,   # a fraction in (0, 1], or a count of clients > 1
+        "local_epochs": 1,
+        "local_steps": None,    # set this and local_epochs=null to train K steps
+        "batch_size": 10,
+        "lr": 0.05,
+        "lr_decay": 1.0,        # lr in round r (0-based) is lr * lr_decay ** r
+        "momentum": 0.0,
+        "weight_decay": 0.0,
+    },
+    "algorithm": {"name": "fedavg"},
+    "eval": {
+        "protocol": "cluster",  # "cluster": the client's cluster model; "local": its own last
+        "every": 1,             # evaluate every N rounds (and always after the last)
+    },
+    "run": {"checkpoint_every": 5, "progress": True, "threads": None},
+    "compare": {"algorithms": []},
+}
+
+# Sections whose keys are fixed here; the others also take their kind's own keys.
+CLOSED_SECTIONS = {"train", "eval", "run", "compare"}
+# Changing one of these keys drops the base config's other keys of that section.
+KIND_KEYS = {"data": "dataset", "scenario": "kind", "model": "name", "algorithm": "name"}
+EVAL_PROTOCOLS = ("cluster", "local")
+
+
+def presets_dir() -> Path:
+    return Path(str(resources.files("clusterfed.experiments") / "presets"))
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in presets_dir().glob("*.yaml"))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {err}") from err
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path} must hold a mapping of config sections")
+    return loaded
+
+
+def load_source(source: str) -> tuple[str, dict[str, Any]]:
+    """A preset name or a YAML file path -> (name, its raw content)."""
+    path = Path(source)
+    if source.endswith((".yaml", ".yml")) or path.is_file():
+        if not path.is_file():
+            raise ConfigError(f"config file {source} does not exist")
+        return path.stem, _read_yaml(path)
+    if source not in preset_names():
+        raise ConfigError(f"unknown preset {source!r}; valid presets: {', '.join(preset_names())}")
+    return source, _read_yaml(presets_dir() / f"{source}.yaml")
+
+
+def merge(base: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """Apply a nested patch section by section; a kind change drops the old kind's keys."""
+    out = copy.deepcopy(base)
+    for section, value in patch.items():
+        if section not in DEFAULTS:
+            raise ConfigError(
+                f"unknown config section {section!r}; valid sections: {', '.join(DEFAULTS)}"
+            )
+        if not isinstance(DEFAULTS[section], dict):
+            out[section] = value
+            continue
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"config section {section!r} must be a mapping")
+        if section in CLOSED_SECTIONS:
+            for key in value:
+                if key not in DEFAULTS[section]:
+                    raise ConfigError(
+                        f"unknown config key {section}.{key} in section '{section}'; "
+                        f"valid keys: {', '.join(DEFAULTS[section])}"
+                    )
+        merged = dict(out.get(section, {}))
+        kind = KIND_KEYS.get(section)
+        if kind in value and value[kind] != merged.get(kind):
+            common = DEFAULTS[section].keys() | ({"clients", "clusters"} if section == "scenario"
+                                                 else set()) | ({"root"} if section == "data"
+                                                                else set())
+            merged = {k: v for k, v in merged.items() if k in common}
+        merged.update(value)
+        out[section] = merged
+    return out
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
+    """['train.lr=0.1', 'seed=3'] -> {'train': {'lr': 0.1}, 'seed': 3}; values are YAML."""
+    patch: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        try:
+            value = yaml.safe_load(raw) if raw else None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {item!r}: cannot parse the value ({err})") from err
+        parts = key.split(".")
+        if len(parts) > 2:
+            raise ConfigError(f"override key {key!r} is nested too deeply; use section.key")
+        if parts[0] not in DEFAULTS:
+            raise ConfigError(
+                f"unknown config section {parts[0]!r} in override {item!r}; "
+                f"valid sections: {', '.join(DEFAULTS)}"
+            )
+        if len(parts) == 1:
+            if isinstance(DEFAULTS[parts[0]], dict):
+                raise ConfigError(f"override {item!r} names a section; use {parts[0]}.KEY=VALUE")
+            patch[parts[0]] = value
+        else:
+            if not isinstance(DEFAULTS[parts[0]], dict):
+                raise ConfigError(f"{parts[0]} is a value, not a section: use {parts[0]}=VALUE")
+            patch.setdefault(parts[0], {})[parts[1]] = value
+    return patch
+
+
+def resolve(source: str | Mapping[str, Any], overrides: Iterable[str] = ()) -> dict[str, Any]:
+    """Defaults <- preset or file (or a mapping) <- overrides, then validated."""
+    raw = load_source(source)[1] if isinstance(source, str) else dict(source)
+    config = merge(merge(DEFAULTS, raw), parse_overrides(overrides))
+    validate(config)
+    return config
+
+
+def validate(config: Mapping[str, Any]) -> None:
+    """Checks that need no data or registry: types and ranges of the closed sections."""
+    if not isinstance(config["seed"], int):
+        raise ConfigError(f"seed must be an integer, got {config['seed']!r}")
+    train = config["train"]
+    for key in ("rounds", "batch_size"):
+        if not isinstance(train[key], int) or train[key] < 1:
+            raise ConfigError(f"train.{key} must be a positive integer, got {train[key]!r}")
+    participation = train["participation"]
+    if not isinstance(participation, int | float) or isinstance(participation, bool) \
+            or participation <= 0:
+        raise ConfigError(
+            f"train.participation must be a fraction in (0, 1] or a client count, got "
+            f"{participation!r}: with no participating clients nothing is trained"
+        )
+    if participation > 1 and participation != int(participation):
+        raise ConfigError(f"train.participation above 1 is a count and must be whole, "
+                          f"got {participation}")
+    ev = config["eval"]
+    if ev["protocol"] not in EVAL_PROTOCOLS:
+        raise ConfigError(f"unknown eval.protocol {ev['protocol']!r}; valid: "
+                          f"{', '.join(EVAL_PROTOCOLS)}")
+    if not isinstance(ev["every"], int) or ev["every"] < 1:
+        raise ConfigError(f"eval.every must be a positive integer, got {ev['every']!r}")
+    every = config["run"]["checkpoint_every"]
+    if not isinstance(every, int) or every < 0:
+        raise ConfigError(f"run.checkpoint_every must be an integer >= 0 (0: never), got {every!r}")
+
+
+def dump(config: Mapping[str, Any]) -> str:
+    return yaml.safe_dump(dict(config), sort_keys=False)

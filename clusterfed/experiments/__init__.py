@@ -1,0 +1,1 @@
+"""Presets reproducing the papers' experiments, and the runner behind the command line."""

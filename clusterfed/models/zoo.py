@@ -1,0 +1,56 @@
+"""Model factories by name. Each takes the input shape (C, H, W) and the number of classes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from clusterfed.errors import ConfigError
+from clusterfed.registry import Registry, accepted_keys, check_keys
+
+ModelFactory = Callable[..., nn.Module]
+MODELS: Registry[ModelFactory] = Registry("model")
+
+
+def build_model(name: str, input_shape: tuple[int, ...], n_classes: int, **options: Any
+                ) -> nn.Module:
+    factory = MODELS.get(name)
+    allowed = accepted_keys(factory)
+    check_keys("model", options, None if allowed is None else allowed - {"input_shape",
+                                                                          "n_classes"})
+    return factory(input_shape=input_shape, n_classes=n_classes, **options)
+
+
+def _image_shape(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    if len(input_shape) != 3:
+        raise ConfigError(f"model {name} takes images shaped (C, H, W), got {input_shape}")
+    return input_shape  # type: ignore[return-value]
+
+
+@MODELS.register("fedavg_cnn")
+def fedavg_cnn(input_shape: tuple[int, ...], n_classes: int) -> nn.Module:
+    """McMahan et al.'s CNN: 5x5 conv 32, pool, 5x5 conv 64, pool, fc 512 ('same' padding).
+
+    1,663,370 parameters on 28x28x1 inputs with 10 classes.
+    """
+    c, h, w = _image_shape("fedavg_cnn", input_shape)
+    return nn.Sequential(
+        nn.Conv2d(c, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * (h // 4) * (w // 4), 512), nn.ReLU(),
+        nn.Linear(512, n_classes),
+    )
+
+
+@MODELS.register("digits_cnn")
+def digits_cnn(input_shape: tuple[int, ...], n_classes: int) -> nn.Module:
+    """A small CNN for 8x8 digits: 3x3 conv 16, pool, 3x3 conv 32, pool, fc 64."""
+    c, h, w = _image_shape("digits_cnn", input_shape)
+    return nn.Sequential(
+        nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * (h // 4) * (w // 4), 64), nn.ReLU(),
+        nn.Linear(64, n_classes),
+    )

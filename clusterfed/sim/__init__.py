@@ -1,0 +1,15 @@
+"""The in-process runtime: sampling, executors, evaluation, checkpoints, run folders."""
+
+from clusterfed.sim.executor import SequentialExecutor
+from clusterfed.sim.sampling import clients_per_round, sample_clients, task_seed
+from clusterfed.sim.simulation import Callback, Simulation, run_config
+
+__all__ = [
+    "Callback",
+    "SequentialExecutor",
+    "Simulation",
+    "clients_per_round",
+    "run_config",
+    "sample_clients",
+    "task_seed",
+]

@@ -1,0 +1,221 @@
+"""The simulator's round loop: sample, plan, execute, update, evaluate, record, checkpoint."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from clusterfed import config as cfg
+from clusterfed.algorithms import RoundContext, Setup, build_algorithm
+from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind, TrainSpec
+from clusterfed.clustering.metrics import clustering_scores
+from clusterfed.data import Federation, build_federation, load_dataset
+from clusterfed.errors import ConfigError
+from clusterfed.models import FlatModel, build_model
+from clusterfed.sim.evaluation import evaluate_clients, round_record
+from clusterfed.sim.executor import SequentialExecutor
+from clusterfed.sim.outputs import RunFolder, read_config
+from clusterfed.sim.sampling import sample_clients
+
+log = logging.getLogger("clusterfed")
+
+
+class Callback(Protocol):
+    """Observes each round; returning True stops the run after that round."""
+
+    def __call__(self, completed_rounds: int, record: Mapping[str, Any]) -> bool | None: ...
+
+
+def train_spec(train: Mapping[str, Any]) -> TrainSpec:
+    return TrainSpec(lr=float(train["lr"]), batch_size=int(train["batch_size"]),
+                     epochs=train["local_epochs"], steps=train["local_steps"],
+                     momentum=float(train["momentum"]), weight_decay=float(train["weight_decay"]))
+
+
+def initial_params(module: torch.nn.Module, seed: int) -> None:
+    """Re-initialise `module` in place from `seed`, leaving the global generator untouched."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for m in module.modules():
+            if hasattr(m, "reset_parameters"):
+                m.reset_parameters()
+
+
+def build_federation_for(config: Mapping[str, Any], data_dir: str | None = None) -> Federation:
+    data = dict(config["data"])
+    name, root = data.pop("dataset"), data.pop("root", None)
+    dataset = load_dataset(name, data_dir or root, **data)
+    return build_federation(dataset, config["scenario"], config["seed"])
+
+
+class Simulation:
+    """One run of one algorithm on one federation, optionally recorded in a run folder."""
+
+    def __init__(self, config: Mapping[str, Any], out_dir: str | Path | None = None, *,
+                 federation: Federation | None = None, data_dir: str | None = None,
+                 callbacks: Sequence[Callback] = ()) -> None:
+        self.config = cfg.resolve(config)
+        self.folder = RunFolder(Path(out_dir)) if out_dir is not None else None
+        self.federation = federation or build_federation_for(self.config, data_dir)
+        self.callbacks = list(callbacks)
+        seed = self.config["seed"]
+        module = build_model(**{"input_shape": self.federation.input_shape,
+                                "n_classes": self.federation.n_classes, **self.config["model"]})
+        initial_params(module, seed)
+        self.model = FlatModel(module)
+        self.algorithm = build_algorithm(self.config["algorithm"])
+        self.spec = train_spec(self.config["train"])
+        self.executor = SequentialExecutor(self.model, self.federation, seed)
+        self.setup = Setup(self.federation.num_clients, self.model.initial_vector().numpy(),
+                           self.federation.train_sizes(), seed)
+
+    # One round -----------------------------------------------------------------------------
+
+    def _execute(self, tasks: Sequence[ClientTask], r: int, step: int,
+                 events: list[dict[str, Any]]) -> list[ClientResult]:
+        """Run tasks; drop results with NaN or Inf (logged), keep the rest."""
+        results = self.executor.run(tasks, r, step)
+        kept = []
+        for task, result in zip(tasks, results, strict=True):
+            if result.is_finite():
+                kept.append(result)
+                if result.kind is TaskKind.TRAIN and self.own_models is not None:
+                    trained = task.params + result.update
+                    self.own_models[result.client] = trained.astype(np.float32)
+            else:
+                log.warning("round %d: rejected the %s result of client %d: it holds NaN or Inf",
+                            r + 1, result.kind.value, result.client)
+                events.append({"round": r + 1, "type": "rejected_result", "client": result.client,
+                               "task": result.kind.value, "reason": "non-finite values"})
+        return kept
+
+    def _round(self, state: Any, r: int) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
+        train = self.config["train"]
+        sampled = sample_clients(self.config["seed"], r, self.federation.num_clients,
+                                 train["participation"])
+        ctx = RoundContext(r, sampled, self.spec.decayed(float(train["lr_decay"]), r))
+        metrics: dict[str, Any] = {}
+        events: list[dict[str, Any]] = []
+        losses: list[float] = []
+        while True:
+            tasks = self.algorithm.plan(state, ctx)
+            results = self._execute(tasks, r, ctx.step, events)
+            losses += [x.loss for x in results if x.kind is TaskKind.TRAIN]
+            upd = self.algorithm.update(state, ctx, results)
+            state = upd.state
+            metrics.update(upd.metrics)
+            events += [{"round": r + 1, **e} for e in upd.events]
+            if upd.round_done:
+                break
+            ctx = replace(ctx, step=ctx.step + 1)
+        record = {"round": r + 1, "sampled": len(sampled),
+                  "train_loss": float(np.mean(losses)) if losses else None, **metrics}
+        return state, record, events
+
+    # The whole run --------------------------------------------------------------------------
+
+    def run(self, resume: bool = False) -> dict[str, Any]:
+        rounds = self.config["train"]["rounds"]
+        self.own_models: dict[int, np.ndarray] | None = (
+            {} if self.config["eval"]["protocol"] == "local" else None)
+        state, start, elapsed, last_assignment = self.algorithm.init(self.setup), 0, 0.0, None
+        if resume:
+            if self.folder is None:
+                raise ConfigError("resuming needs the run folder")
+            ckpt = self.folder.load_checkpoint()
+            if ckpt is not None:
+                state, start, elapsed = ckpt["state"], ckpt["round"], ckpt["wall_seconds"]
+                last_assignment = ckpt["assignment"]
+                if self.own_models is not None:
+                    self.own_models = dict(ckpt["own_models"])
+            self.folder.truncate_after(start)
+            log.info("resuming from round %d", start)
+        elif self.folder is not None:
+            self.folder.start(self.config)
+        if self.config["run"]["threads"]:
+            torch.set_num_threads(int(self.config["run"]["threads"]))
+
+        began = time.perf_counter()
+        every = self.config["eval"]["every"]
+        checkpoint_every = self.config["run"]["checkpoint_every"]
+        record: dict[str, Any] = {}
+        bar = tqdm(total=rounds, initial=start, desc=self.config["algorithm"]["name"],
+                   disable=not self.config["run"]["progress"], leave=False, unit="round")
+        try:
+            for r in range(start, rounds):
+                state, record, events = self._round(state, r)
+                view = self.algorithm.clusters(state)
+                if last_assignment is None or not np.array_equal(view.assignment, last_assignment):
+                    events.append({"round": r + 1, "type": "assignment",
+                                   "assignment": view.assignment.tolist()})
+                    last_assignment = view.assignment.copy()
+                if (r + 1) % every == 0 or r + 1 == rounds:
+                    per_client = evaluate_clients(self.executor, view, self.own_models)
+                    record.update(round_record(per_client, view, self.federation.true_clusters))
+                    bar.set_postfix(acc=f"{record['mean_accuracy']:.3f}",
+                                    clusters=record["n_clusters"])
+                bar.update(1)
+                stop = any(cb(r + 1, record) for cb in self.callbacks)
+                if self.folder is not None:
+                    for e in events:
+                        self.folder.append("events.jsonl", e)
+                    self.folder.append("metrics.jsonl", record)
+                    if checkpoint_every and ((r + 1) % checkpoint_every == 0 or r + 1 == rounds):
+                        self.folder.save_checkpoint({
+                            "round": r + 1, "state": state, "assignment": last_assignment,
+                            "wall_seconds": elapsed + time.perf_counter() - began,
+                            "own_models": self.own_models or {}})
+                if stop:
+                    log.info("stopped by a callback after round %d", r + 1)
+                    break
+        finally:
+            bar.close()
+        self.state = state
+        summary = self._summary(state, record, elapsed + time.perf_counter() - began)
+        if self.folder is not None:
+            self.folder.write_summary(summary)
+        return summary
+
+    def _summary(self, state: Any, last: Mapping[str, Any], wall: float) -> dict[str, Any]:
+        view = self.algorithm.clusters(state)
+        true = self.federation.true_clusters
+        if "per_client_accuracy" not in last:   # stopped between evaluations
+            last = round_record(evaluate_clients(self.executor, view, self.own_models), view, true)
+        return {
+            "algorithm": self.config["algorithm"]["name"],
+            "rounds": int(last.get("round", self.config["train"]["rounds"])),
+            "seed": self.config["seed"],
+            "wall_seconds": round(wall, 3),
+            "final": {"mean_accuracy": last["mean_accuracy"], "mean_loss": last["mean_loss"],
+                      "per_client_accuracy": last["per_client_accuracy"],
+                      "per_true_cluster_accuracy": last["per_true_cluster_accuracy"]},
+            "clustering": {"assignment": view.assignment.tolist(),
+                           "true_assignment": true.tolist(),
+                           "n_clusters": view.num_clusters,
+                           **clustering_scores(true, view.assignment)},
+        }
+
+
+def run_config(config: Mapping[str, Any], out_dir: str | Path | None = None, *,
+               data_dir: str | None = None, callbacks: Sequence[Callback] = (),
+               federation: Federation | None = None) -> dict[str, Any]:
+    """Run one configuration from scratch; returns its summary."""
+    sim = Simulation(config, out_dir, federation=federation, data_dir=data_dir,
+                     callbacks=callbacks)
+    return sim.run()
+
+
+def resume_run(run_dir: str | Path, *, data_dir: str | None = None,
+               callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+    """Continue a run folder from its last checkpoint; the numbers equal an unbroken run's."""
+    run_dir = Path(run_dir)
+    sim = Simulation(read_config(run_dir), run_dir, data_dir=data_dir, callbacks=callbacks)
+    return sim.run(resume=True)
