@@ -1,0 +1,33 @@
+"""Shared fixtures. Tests that need ../shared/data skip with a clear message where it is absent."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def shared_data_dir() -> Path | None:
+    """The real datasets: $CLUSTERFED_SHARED_DATA, else ../shared/data beside the repository."""
+    explicit = os.environ.get("CLUSTERFED_SHARED_DATA")
+    candidate = Path(explicit) if explicit else REPO.parent / "shared" / "data"
+    return candidate if (candidate / "mnist" / "raw").is_dir() else None
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    path = shared_data_dir()
+    if path is None:
+        pytest.skip("real datasets not found: set CLUSTERFED_SHARED_DATA or place them at "
+                    "../shared/data (MNIST idx files under mnist/raw/)")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _isolated_data_root(tmp_path_factory: pytest.TempPathFactory,
+                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # No test may read or write the user's real cache folder.
+    monkeypatch.setenv("CLUSTERFED_DATA", str(tmp_path_factory.getbasetemp() / "data-root"))
