@@ -103,9 +103,10 @@ def report(folders: tuple[str, ...]) -> None:
         click.echo(f"wrote {write_report(folder)}")
 
 
-def entry() -> None:
+def entry(argv: Sequence[str] | None = None) -> None:
+    """The console script: user errors print one line and exit 2, never a traceback."""
     try:
-        main(standalone_mode=False)
+        main(args=argv, standalone_mode=False)
     except ClusterfedError as err:
         click.echo(f"error: {err}", err=True)
         sys.exit(2)

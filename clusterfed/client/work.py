@@ -76,7 +76,7 @@ def gradient(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.T
                                reduction="sum")
         (g,) = torch.autograd.grad(loss, w)
         total += g
-        loss_sum += float(loss)
+        loss_sum += loss.detach().item()
     n = max(len(y), 1)
     return total / n, loss_sum / n
 

@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import shutil
 import urllib.request
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ def content_bytes(path: Path) -> bytes:
     if path.suffix == ".gz":
         try:
             return gzip.decompress(raw)
-        except (OSError, EOFError) as err:
+        except (OSError, EOFError, zlib.error) as err:
             raise DataError(f"{path} is not a valid gzip file ({err})") from err
     return raw
 

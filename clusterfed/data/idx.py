@@ -19,6 +19,8 @@ def parse_idx(data: bytes, name: str = "idx file") -> np.ndarray:
         raise DataError(f"{name} is not an idx file (bad magic number)")
     ndim = data[3]
     header = 4 + 4 * ndim
+    if len(data) < header:
+        raise DataError(f"{name}: truncated idx header ({len(data)} bytes, needs {header})")
     shape = tuple(int(s) for s in np.frombuffer(data[4:header], dtype=">u4"))
     dtype = np.dtype(_IDX_DTYPES[data[2]])
     expected = int(np.prod(shape)) * dtype.itemsize

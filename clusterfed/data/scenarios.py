@@ -80,6 +80,8 @@ def build_federation(dataset: Dataset, scenario: dict[str, Any], seed: int) -> F
     fn = SCENARIOS.get(str(kind))
     own = accepted_keys(fn) or set()
     check_keys("scenario", scenario, (own - {"dataset", "assign", "rng"}) | COMMON_KEYS)
+    if "clients" not in scenario:
+        raise ConfigError("scenario.clients is required: the number of clients")
     clients = int(scenario.pop("clients"))
     clusters = int(scenario.pop("clusters", 1))
     if clients < 1:

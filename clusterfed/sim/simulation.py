@@ -76,6 +76,9 @@ class Simulation:
         self.executor = SequentialExecutor(self.model, self.federation, seed)
         self.setup = Setup(self.federation.num_clients, self.model.initial_vector().numpy(),
                            self.federation.train_sizes(), seed)
+        # Protocol 'local' evaluates each client's own last trained model, kept here.
+        self.own_models: dict[int, np.ndarray] | None = (
+            {} if self.config["eval"]["protocol"] == "local" else None)
 
     # One round -----------------------------------------------------------------------------
 
@@ -124,8 +127,6 @@ class Simulation:
 
     def run(self, resume: bool = False) -> dict[str, Any]:
         rounds = self.config["train"]["rounds"]
-        self.own_models: dict[int, np.ndarray] | None = (
-            {} if self.config["eval"]["protocol"] == "local" else None)
         state, start, elapsed, last_assignment = self.algorithm.init(self.setup), 0, 0.0, None
         if resume:
             if self.folder is None:

@@ -1,0 +1,3 @@
+from clusterfed.cli import entry
+
+entry()

@@ -1,0 +1,27 @@
+"""Small configurations shared by the simulator, contract and CLI tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clusterfed import config as cfg
+
+
+def tiny_config(algorithm: str = "fedavg", **sections: dict[str, Any]) -> dict[str, Any]:
+    """Digits, label swap, 8 clients in 4 true clusters, a few quick rounds."""
+    base = {
+        "seed": 3,
+        "data": {"dataset": "digits"},
+        "scenario": {"kind": "label_swap", "clients": 8, "clusters": 4},
+        "model": {"name": "digits_cnn"},
+        "train": {"rounds": 4, "participation": 0.5, "local_epochs": 1, "batch_size": 16,
+                  "lr": 0.1},
+        "algorithm": {"name": algorithm},
+        "run": {"progress": False, "checkpoint_every": 1},
+    }
+    return cfg.merge(cfg.merge(cfg.DEFAULTS, base), sections)
+
+
+def comparable(summary: dict[str, Any]) -> dict[str, Any]:
+    """A summary without its wall-clock time."""
+    return {k: v for k, v in summary.items() if k != "wall_seconds"}

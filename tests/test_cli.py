@@ -1,0 +1,141 @@
+"""The command line, end to end, and its one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import comparable
+
+from clusterfed.cli import entry
+
+SMALL = ["scenario.clients=8", "train.rounds=2", "run.progress=false"]
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        entry(list(argv))
+        code = 0
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_presets_lists_quickstart(capsys):
+    code, out, _ = cli(capsys, "presets")
+    assert code == 0 and "quickstart" in out and "mnist-iid" in out
+
+
+def test_run_writes_folder_and_report(capsys, tmp_path):
+    code, out, err = cli(capsys, "run", "quickstart", *SMALL, "--out", str(tmp_path))
+    assert code == 0, err
+    assert "fedavg: mean accuracy" in out
+    for name in ("config.yaml", "metrics.jsonl", "events.jsonl", "summary.json", "report.md",
+                 "accuracy.png", "per_client.png", "clusters.png"):
+        assert (tmp_path / name).exists(), name
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["rounds"] == 2 and len(summary["clustering"]["assignment"]) == 8
+
+
+def test_compare_prints_table_and_writes_report(capsys, tmp_path):
+    code, out, err = cli(capsys, "compare", "quickstart", *SMALL, "--out", str(tmp_path))
+    assert code == 0, err
+    header = out.splitlines()[0].split()
+    assert header == ["algorithm", "mean", "acc", "ARI", "clusters", "seconds"]
+    assert any(line.startswith("fedavg") for line in out.splitlines())
+    assert any(line.startswith("local") and line.split()[3] == "8" for line in out.splitlines())
+    comparison = json.loads((tmp_path / "comparison.json").read_text())
+    assert comparison["algorithms"] == ["fedavg", "local"]
+    assert (tmp_path / "report.md").read_text().count("fedavg") >= 2
+    assert (tmp_path / "local" / "report.md").exists()
+    code, out, _ = cli(capsys, "compare", "quickstart", *SMALL, "--algorithms", "local",
+                       "--out", str(tmp_path / "one"))
+    assert code == 0 and "fedavg" not in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "quickstart", "algorithm.name=fedsgd"],
+     "unknown algorithm 'fedsgd'; valid algorithms: fedavg, local"),
+    (["run", "quickstart", "data.dataset=imagenet"], "unknown dataset 'imagenet'; valid datasets:"),
+    (["run", "quickstart", "scenario.kind=blobs"], "unknown scenario 'blobs'; valid scenarios:"),
+    (["run", "quickstart", "model.name=vit"], "unknown model 'vit'; valid models:"),
+    (["run", "quickstart", "train.lrr=1"], "unknown config key train.lrr in section 'train'"),
+    (["run", "quickstart", "scenario.angles=[0]"],
+     "unknown config key scenario.angles in section 'scenario'"),
+    (["run", "quickstart", "algorithm.k=3"],
+     "unknown config key algorithm.k in section 'algorithm'"),
+    (["run", "quickstart", "scenario.clusters=30"], "more than scenario.clients=20"),
+    (["run", "quickstart", "train.participation=0"], "nothing is trained"),
+    (["run", "quickstart", "scenario.clusters=6"], "needs 12 distinct labels"),
+    (["run", "nope"], "unknown preset 'nope'"),
+    (["compare", "quickstart", "--algorithms", "fedavg,ifca"], "unknown algorithm 'ifca'"),
+    (["run"], "give a preset name or a config file"),
+    (["run", "quickstart", "--resume", "x"], "--resume continues a run"),
+])
+def test_bad_input_gives_one_clear_line(capsys, tmp_path, argv, message):
+    code, out, err = cli(capsys, *argv, "--out", str(tmp_path / "out"))
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_missing_data_file_names_file_checksum_and_where(capsys, tmp_path):
+    code, _, err = cli(capsys, "run", "mnist-iid", "--data-dir", str(tmp_path / "empty"),
+                       "--out", str(tmp_path / "out"))
+    assert code == 2
+    assert "missing data file" in err and "train-images-idx3-ubyte.gz" in err
+    assert "6bbc9ace898e44ae57da46a324031adb" in err and "--data-dir" in err
+
+
+def test_report_on_a_folder_that_is_not_a_run(capsys, tmp_path):
+    code, _, err = cli(capsys, "report", str(tmp_path))
+    assert code == 2 and "not a finished run" in err
+
+
+def _cli_process(*argv: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "clusterfed", *argv], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_killed_run_resumes_to_the_uninterrupted_summary(capsys, tmp_path):
+    """SIGKILL a real run mid-way; --resume finishes it with the same numbers."""
+    args = ["quickstart", "scenario.clients=8", "train.rounds=8", "run.checkpoint_every=1",
+            "run.progress=false", "train.participation=0.5"]
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    assert cli(capsys, "run", *args, "--out", str(whole))[0] == 0
+    proc = _cli_process("run", *args, "--out", str(broken))
+    metrics = broken / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.05)
+    if proc.poll() is not None:
+        pytest.fail(f"the run ended before it could be killed: {proc.communicate()[1][-500:]}")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (broken / "summary.json").exists()
+    done = len(metrics.read_text().splitlines())
+    assert 3 <= done < 8
+    code, out, err = cli(capsys, "run", "--resume", str(broken))
+    assert code == 0, err
+    a = json.loads((whole / "summary.json").read_text())
+    b = json.loads((broken / "summary.json").read_text())
+    assert comparable(a) == comparable(b)
+    assert metrics.read_text() == (whole / "metrics.jsonl").read_text()
+
+
+def test_module_entry_point_reports_errors_without_traceback():
+    proc = subprocess.run([sys.executable, "-m", "clusterfed", "run", "quickstart",
+                           "algorithm.name=nope"], capture_output=True, text=True,
+                          cwd=Path(__file__).parent)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error: unknown algorithm 'nope'")

@@ -1,0 +1,134 @@
+"""Client tasks against plain PyTorch (brute force) on the same batches."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from clusterfed.client import ClientResult, ClientTask, TaskKind, TrainSpec, run_task
+from clusterfed.client.work import evaluate, gradient, losses, train
+from clusterfed.errors import ConfigError
+from clusterfed.models import FlatModel, build_model
+
+
+@pytest.fixture
+def setup():
+    torch.manual_seed(0)
+    module = build_model("digits_cnn", (1, 8, 8), 10)
+    x = torch.rand(23, 1, 8, 8)
+    y = torch.randint(0, 10, (23,))
+    return module, FlatModel(module), x, y
+
+
+def reference_sgd(module, x, y, spec: TrainSpec, seed: int) -> torch.Tensor:
+    """torch.optim.SGD over the batch order our train() promises: a fresh permutation per epoch."""
+    model = copy.deepcopy(module)
+    opt = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum,
+                          weight_decay=spec.weight_decay)
+    gen = torch.Generator().manual_seed(seed)
+    n, b = len(y), spec.batch_size
+    per_epoch = math.ceil(n / b)
+    for step in range(spec.num_steps(n)):
+        if step % per_epoch == 0:
+            order = torch.randperm(n, generator=gen)
+        idx = order[(step % per_epoch) * b:(step % per_epoch + 1) * b]
+        opt.zero_grad()
+        F.cross_entropy(model(x[idx]), y[idx]).backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+@pytest.mark.parametrize("spec", [
+    TrainSpec(lr=0.1, batch_size=5, epochs=2),
+    TrainSpec(lr=0.05, batch_size=4, epochs=None, steps=9, momentum=0.9, weight_decay=1e-3),
+])
+def test_train_equals_torch_sgd(setup, spec):
+    module, flat, x, y = setup
+    w0 = flat.initial_vector()
+    update, loss = train(flat, w0, x, y, spec, torch.Generator().manual_seed(7))
+    expected = reference_sgd(module, x, y, spec, seed=7)
+    torch.testing.assert_close(w0 + update, expected, rtol=1e-5, atol=1e-6)
+    assert math.isfinite(loss) and loss > 0
+    torch.testing.assert_close(flat.initial_vector(), w0)  # the module itself is untouched
+
+
+def test_epochs_count_partial_batches():
+    spec = TrainSpec(lr=0.1, batch_size=10, epochs=3)
+    assert spec.num_steps(23) == 9  # ceil(23 / 10) = 3 batches per epoch
+    assert spec.num_steps(4) == 3   # batch larger than the data: one batch per epoch
+    assert TrainSpec(lr=0.1, batch_size=10, epochs=None, steps=5).num_steps(1000) == 5
+
+
+def test_lr_decay_per_round():
+    spec = TrainSpec(lr=0.1, batch_size=10)
+    assert spec.decayed(0.5, 0).lr == pytest.approx(0.1)
+    assert spec.decayed(0.5, 3).lr == pytest.approx(0.0125)
+
+
+@pytest.mark.parametrize("kwargs", [dict(epochs=None, steps=None), dict(epochs=1, steps=2),
+                                    dict(epochs=0), dict(batch_size=0), dict(lr=0.0),
+                                    dict(lr=float("nan")), dict(momentum=1.0)])
+def test_bad_train_spec(kwargs):
+    with pytest.raises(ConfigError):
+        TrainSpec(**{"lr": 0.1, "batch_size": 10, **kwargs})
+
+
+def test_gradient_is_full_batch_mean_gradient(setup):
+    module, flat, x, y = setup
+    w0 = flat.initial_vector()
+    grad, loss = gradient(flat, w0, x, y)
+    module.zero_grad()
+    full = F.cross_entropy(module(x), y)
+    full.backward()
+    expected = torch.cat([p.grad.reshape(-1) for p in module.parameters()])
+    torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-6)
+    assert loss == pytest.approx(float(full), rel=1e-5)
+
+
+def test_evaluate_and_losses(setup):
+    module, flat, x, y = setup
+    w0 = flat.initial_vector()
+    with torch.no_grad():
+        logits = module(x)
+    loss, acc = evaluate(flat, w0, x, y)
+    assert loss == pytest.approx(float(F.cross_entropy(logits, y)), rel=1e-5)
+    assert acc == pytest.approx(float((logits.argmax(1) == y).float().mean()))
+    other = w0 * 0.5
+    stacked = torch.stack([w0, other])
+    got = losses(flat, stacked, x, y)
+    assert got[0] == pytest.approx(loss, rel=1e-6)
+    assert got[1] == pytest.approx(evaluate(flat, other, x, y)[0], rel=1e-6)
+
+
+def test_run_task_dispatch(setup):
+    _, flat, x, y = setup
+    w0 = flat.initial_vector().numpy()
+    gen = torch.Generator().manual_seed(0)
+    tx, ty = x[:5], y[:5]
+    spec = TrainSpec(lr=0.1, batch_size=8)
+    r = run_task(flat, ClientTask(3, TaskKind.TRAIN, w0, spec, {"cluster": 2}), (x, y), (tx, ty),
+                 gen)
+    assert (r.client, r.num_samples, r.meta["cluster"]) == (3, 23, 2)
+    assert r.update.shape == w0.shape and np.abs(r.update).sum() > 0
+    ev = run_task(flat, ClientTask(3, TaskKind.EVALUATE, np.stack([w0, w0])), (x, y), (tx, ty),
+                  gen)
+    assert ev.num_samples == 5 and ev.accuracies.shape == (2,)
+    ls = run_task(flat, ClientTask(3, TaskKind.LOSSES, w0), (x, y), (tx, ty), gen)
+    assert ls.losses.shape == (1,)
+    with pytest.raises(ValueError):
+        run_task(flat, ClientTask(3, TaskKind.TRAIN, w0), (x, y), (tx, ty), gen)
+
+
+def test_non_finite_results_are_detected():
+    ok = ClientResult(0, TaskKind.TRAIN, 5, update=np.ones(3, np.float32), loss=0.3)
+    assert ok.is_finite()
+    assert not ClientResult(0, TaskKind.TRAIN, 5, update=np.array([1, np.nan], np.float32),
+                            loss=0.3).is_finite()
+    assert not ClientResult(0, TaskKind.TRAIN, 5, update=np.ones(2, np.float32),
+                            loss=float("inf")).is_finite()
+    assert not ClientResult(0, TaskKind.LOSSES, 5, losses=np.array([np.inf])).is_finite()

@@ -1,0 +1,73 @@
+"""Configuration: presets, overrides, and one clear error for every bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusterfed import config as cfg
+from clusterfed.errors import ConfigError
+
+
+def test_every_preset_resolves():
+    assert {"quickstart", "mnist-iid"} <= set(cfg.preset_names())
+    for name in cfg.preset_names():
+        config = cfg.resolve(name)
+        assert set(config) == set(cfg.DEFAULTS)
+
+
+def test_overrides_parse_yaml_values():
+    config = cfg.resolve("quickstart", ["seed=7", "train.lr=0.2", "scenario.clients=12",
+                                        "train.participation=0.5", "run.progress=false",
+                                        "scenario.pairs=[[1,2],[3,4],[5,6],[7,8]]"])
+    assert config["seed"] == 7 and config["train"]["lr"] == 0.2
+    assert config["scenario"]["clients"] == 12 and config["run"]["progress"] is False
+    assert config["scenario"]["pairs"][3] == [7, 8]
+
+
+def test_changing_a_kind_drops_the_old_kinds_own_keys():
+    base = {"scenario": {"kind": "label_swap", "clients": 20, "clusters": 4,
+                         "pairs": [[0, 1], [2, 3], [4, 5], [6, 7]]}}
+    config = cfg.resolve(base, ["scenario.kind=rotation"])
+    assert "pairs" not in config["scenario"]
+    assert config["scenario"]["clients"] == 20 and config["scenario"]["clusters"] == 4
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["train.lrr=0.1"], r"unknown config key train\.lrr in section 'train'"),
+    (["eval.foo=1"], r"unknown config key eval\.foo in section 'eval'"),
+    (["trian.lr=0.1"], r"unknown config section 'trian'"),
+    (["train.participation=0"], r"participation .* nothing is trained"),
+    (["train.participation=-0.5"], r"participation"),
+    (["train.participation=2.5"], r"count and must be whole"),
+    (["train.rounds=0"], r"train\.rounds must be a positive integer"),
+    (["train.batch_size=abc"], r"train\.batch_size must be a positive integer"),
+    (["eval.protocol=best"], r"unknown eval\.protocol 'best'; valid: cluster, local"),
+    (["seed=one"], r"seed must be an integer"),
+    (["train"], r"not of the form key=value"),
+    (["train=3"], r"names a section"),
+    (["a.b.c=1"], r"nested too deeply"),
+])
+def test_bad_overrides(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        cfg.resolve("quickstart", overrides)
+
+
+def test_unknown_preset_lists_valid_ones(tmp_path):
+    with pytest.raises(ConfigError, match="unknown preset 'nope'; valid presets: .*quickstart"):
+        cfg.resolve("nope")
+    with pytest.raises(ConfigError, match="does not exist"):
+        cfg.resolve(str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        cfg.resolve(str(bad))
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        cfg.resolve(str(bad))
+
+
+def test_config_file_round_trips(tmp_path):
+    config = cfg.resolve("quickstart", ["seed=5"])
+    path = tmp_path / "c.yaml"
+    path.write_text(cfg.dump(config))
+    assert cfg.resolve(str(path)) == config
