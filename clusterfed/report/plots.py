@@ -51,7 +51,7 @@ def cluster_matrix(true: Sequence[int], found: Sequence[int], path: Path) -> Non
     """Clients per (true cluster, found cluster)."""
     table, true_ids, found_ids = contingency(np.asarray(true), np.asarray(found))
     fig, ax = plt.subplots(figsize=(max(4, 0.35 * len(found_ids) + 2), 0.35 * len(true_ids) + 2))
-    ax.imshow(table, cmap="Blues", aspect="auto")
+    ax.imshow(table, cmap="Blues", aspect="auto", vmin=0)
     if table.size <= 400:
         for (i, j), v in np.ndenumerate(table):
             if v:
