@@ -55,7 +55,12 @@ def run(source: str | None, overrides: tuple[str, ...], out: str | None, data_di
             raise ClusterfedError("give a preset name or a config file (see `clusterfed presets`)")
         name, config = _resolve(source, overrides, data_dir)
         folder = _out_dir(out, name, config["algorithm"]["name"])
-        summary = run_config(config, folder)
+        try:
+            summary = run_config(config, folder)
+        except KeyboardInterrupt:
+            click.echo(f"interrupted; continue from the last checkpoint with: "
+                       f"clusterfed run --resume {folder}", err=True)
+            raise
     write_report(folder)
     c = summary["clustering"]
     click.echo(f"{summary['algorithm']}: mean accuracy {summary['final']['mean_accuracy']:.4f}, "
