@@ -87,7 +87,7 @@ def test_gradient_is_full_batch_mean_gradient(setup):
     full.backward()
     expected = torch.cat([p.grad.reshape(-1) for p in module.parameters()])
     torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-6)
-    assert loss == pytest.approx(float(full), rel=1e-5)
+    assert loss == pytest.approx(float(full.detach()), rel=1e-5)
 
 
 def test_evaluate_and_losses(setup):

@@ -12,6 +12,8 @@ from clusterfed.client import ClientTask, TaskKind
 from clusterfed.sim.simulation import Simulation, resume_run, run_config
 
 NAMES = ALGORITHMS.names()
+CLUSTERING = [n for n in NAMES if getattr(ALGORITHMS.get(n), "toy_mixture_options", None)
+              is not None]
 
 
 class StopAfter:
@@ -82,3 +84,20 @@ def test_plans_only_sampled_clients_with_known_task_kinds(name):
     view = algo.clusters(state)
     assert view.assignment.shape == (sim.federation.num_clients,)
     assert view.models.shape[1] == sim.model.size
+
+
+@pytest.mark.parametrize("name", CLUSTERING)
+def test_recovers_the_toy_mixture_it_claims(name):
+    """Digits with 4 disjoint label swaps over 20 clients; the claim is ARI >= 0.9."""
+    options = dict(ALGORITHMS.get(name).toy_mixture_options)
+    cfg = tiny_config(name, scenario={"kind": "label_swap", "clients": 20, "clusters": 4},
+                      train={"rounds": options.pop("rounds", 20), "participation": 1.0,
+                             "local_epochs": 1, "batch_size": 10, "lr": 0.05, "momentum": 0.5},
+                      algorithm=options, eval={"every": 5}, run={"checkpoint_every": 0})
+    summary = run_config(cfg)
+    assert summary["clustering"]["ari"] >= 0.9, summary["clustering"]
+
+
+def test_fedavg_and_local_make_no_clustering_claim():
+    # A method that finds no clusters must not be checked for them (and must not claim to).
+    assert "fedavg" not in CLUSTERING and "local" not in CLUSTERING

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
@@ -54,7 +54,14 @@ class ClusterView:
 
 
 class Algorithm(Protocol[S]):
-    """Server logic. Constructors store hyper-parameters only; all else lives in the state."""
+    """Server logic. Constructors store hyper-parameters only; all else lives in the state.
+
+    A clustered method sets the class attribute `toy_mixture_options` to the options with which
+    it claims to recover the true clusters of the contract suite's toy mixture (digits with
+    label swap, 4 clusters); the suite then checks that claim.
+    """
+
+    toy_mixture_options: ClassVar[Mapping[str, Any] | None]
 
     def init(self, setup: Setup) -> S: ...
 
