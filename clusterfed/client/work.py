@@ -55,7 +55,8 @@ def evaluate(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.T
         target = y[start:start + EVAL_BATCH]
         loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
         correct += int((logits.argmax(1) == target).sum())
-    n = max(len(y), 1)
+    # Per predicted label: one per sample, or one per token for sequence targets (N, T).
+    n = max(y.numel(), 1)
     return loss_sum / n, correct / n
 
 
@@ -77,7 +78,7 @@ def gradient(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.T
         (g,) = torch.autograd.grad(loss, w)
         total += g
         loss_sum += loss.detach().item()
-    n = max(len(y), 1)
+    n = max(y.numel(), 1)
     return total / n, loss_sum / n
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +18,11 @@ from clusterfed.registry import Registry, accepted_keys, check_keys
 class Dataset:
     """A labelled dataset split into train and test.
 
-    Images are uint8 arrays shaped (N, C, H, W); labels are int64.
+    Images are uint8 arrays shaped (N, C, H, W) (float32 in [0, 1] once in a federation);
+    text is int64 token ids shaped (N, T), with labels (N,) for next-token classification or
+    (N, T) for sequence language modelling. Labels are int64; `n_classes` is the vocabulary
+    size for text. `train_groups` / `test_groups` give each sample's natural owner (a FEMNIST
+    writer, a Shakespeare role, a MIX-4 source dataset) where the data have one.
     """
 
     name: str
@@ -26,6 +31,9 @@ class Dataset:
     test_x: np.ndarray
     test_y: np.ndarray
     n_classes: int
+    train_groups: np.ndarray | None = None
+    test_groups: np.ndarray | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -76,3 +84,6 @@ def load_digits(root: Path | None = None, test_fraction: float = 0.25) -> Datase
 
 # Importing the readers registers them.
 from clusterfed.data import idx as _idx  # noqa: E402,F401
+from clusterfed.data import images as _images  # noqa: E402,F401
+from clusterfed.data import leaf as _leaf  # noqa: E402,F401
+from clusterfed.data import text as _text  # noqa: E402,F401

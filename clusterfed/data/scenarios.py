@@ -117,7 +117,12 @@ def materialise(dataset: Dataset, plan: ScenarioPlan) -> Federation:
 
 
 def _to_float(x: np.ndarray) -> np.ndarray:
-    return (x.astype(np.float32) / 255.0) if x.dtype == np.uint8 else x.astype(np.float32)
+    """uint8 images -> float32 in [0, 1]; floats -> float32; integer tokens stay int64."""
+    if x.dtype == np.uint8:
+        return x.astype(np.float32) / 255.0
+    if np.issubdtype(x.dtype, np.integer):
+        return x.astype(np.int64)
+    return x.astype(np.float32)
 
 
 @dataclass(frozen=True)
