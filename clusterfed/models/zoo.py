@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -16,11 +17,25 @@ MODELS: Registry[ModelFactory] = Registry("model")
 
 def build_model(name: str, input_shape: tuple[int, ...], n_classes: int, **options: Any
                 ) -> nn.Module:
-    factory = MODELS.get(name)
+    """A registered model by name, or a user's factory given as 'package.module:function'."""
+    factory = import_factory(name) if ":" in name else MODELS.get(name)
     allowed = accepted_keys(factory)
     check_keys("model", options, None if allowed is None else allowed - {"input_shape",
                                                                           "n_classes"})
     return factory(input_shape=input_shape, n_classes=n_classes, **options)
+
+
+def import_factory(path: str) -> ModelFactory:
+    """'package.module:function' -> the function, which takes (input_shape, n_classes, ...)."""
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(f"model.name {path!r}: cannot import {module_name} ({err})") from err
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ConfigError(f"model.name {path!r}: {module_name} has no callable {attr!r}")
+    return factory
 
 
 def _image_shape(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:

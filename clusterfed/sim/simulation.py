@@ -61,15 +61,19 @@ class Simulation:
 
     def __init__(self, config: Mapping[str, Any], out_dir: str | Path | None = None, *,
                  federation: Federation | None = None, data_dir: str | None = None,
-                 callbacks: Sequence[Callback] = ()) -> None:
+                 callbacks: Sequence[Callback] = (), module: torch.nn.Module | None = None
+                 ) -> None:
+        """`module`, if given, replaces the config's model; its current weights are the start."""
         self.config = cfg.resolve(config)
         self.folder = RunFolder(Path(out_dir)) if out_dir is not None else None
         self.federation = federation or build_federation_for(self.config, data_dir)
         self.callbacks = list(callbacks)
         seed = self.config["seed"]
-        module = build_model(**{"input_shape": self.federation.input_shape,
-                                "n_classes": self.federation.n_classes, **self.config["model"]})
-        initial_params(module, seed)
+        if module is None:
+            module = build_model(**{"input_shape": self.federation.input_shape,
+                                    "n_classes": self.federation.n_classes,
+                                    **self.config["model"]})
+            initial_params(module, seed)
         self.model = FlatModel(module)
         self.algorithm = build_algorithm(self.config["algorithm"])
         self.spec = train_spec(self.config["train"])
@@ -207,10 +211,11 @@ class Simulation:
 
 def run_config(config: Mapping[str, Any], out_dir: str | Path | None = None, *,
                data_dir: str | None = None, callbacks: Sequence[Callback] = (),
-               federation: Federation | None = None) -> dict[str, Any]:
+               federation: Federation | None = None, module: torch.nn.Module | None = None
+               ) -> dict[str, Any]:
     """Run one configuration from scratch; returns its summary."""
     sim = Simulation(config, out_dir, federation=federation, data_dir=data_dir,
-                     callbacks=callbacks)
+                     callbacks=callbacks, module=module)
     return sim.run()
 
 
