@@ -27,6 +27,7 @@ DEFAULTS: dict[str, Any] = {
         "lr_decay": 1.0,        # lr in round r (0-based) is lr * lr_decay ** r
         "momentum": 0.0,
         "weight_decay": 0.0,
+        "clip_grad_norm": None,  # clip each local step's gradient to this L2 norm
     },
     "algorithm": {"name": "fedavg"},
     "eval": {

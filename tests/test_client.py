@@ -30,6 +30,7 @@ def reference_sgd(module, x, y, spec: TrainSpec, seed: int) -> torch.Tensor:
     model = copy.deepcopy(module)
     opt = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum,
                           weight_decay=spec.weight_decay)
+    params = list(model.parameters())
     gen = torch.Generator().manual_seed(seed)
     n, b = len(y), spec.batch_size
     per_epoch = math.ceil(n / b)
@@ -39,6 +40,8 @@ def reference_sgd(module, x, y, spec: TrainSpec, seed: int) -> torch.Tensor:
         idx = order[(step % per_epoch) * b:(step % per_epoch + 1) * b]
         opt.zero_grad()
         F.cross_entropy(model(x[idx]), y[idx]).backward()
+        if spec.clip_grad_norm:
+            torch.nn.utils.clip_grad_norm_(params, spec.clip_grad_norm)
         opt.step()
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
@@ -46,6 +49,7 @@ def reference_sgd(module, x, y, spec: TrainSpec, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("spec", [
     TrainSpec(lr=0.1, batch_size=5, epochs=2),
     TrainSpec(lr=0.05, batch_size=4, epochs=None, steps=9, momentum=0.9, weight_decay=1e-3),
+    TrainSpec(lr=0.5, batch_size=6, epochs=2, momentum=0.5, clip_grad_norm=0.25),
 ])
 def test_train_equals_torch_sgd(setup, spec):
     module, flat, x, y = setup
@@ -72,7 +76,8 @@ def test_lr_decay_per_round():
 
 @pytest.mark.parametrize("kwargs", [dict(epochs=None, steps=None), dict(epochs=1, steps=2),
                                     dict(epochs=0), dict(batch_size=0), dict(lr=0.0),
-                                    dict(lr=float("nan")), dict(momentum=1.0)])
+                                    dict(lr=float("nan")), dict(momentum=1.0),
+                                    dict(clip_grad_norm=0.0)])
 def test_bad_train_spec(kwargs):
     with pytest.raises(ConfigError):
         TrainSpec(**{"lr": 0.1, "batch_size": 10, **kwargs})
@@ -132,3 +137,17 @@ def test_non_finite_results_are_detected():
     assert not ClientResult(0, TaskKind.TRAIN, 5, update=np.ones(2, np.float32),
                             loss=float("inf")).is_finite()
     assert not ClientResult(0, TaskKind.LOSSES, 5, losses=np.array([np.inf])).is_finite()
+
+
+def test_clipping_is_active_in_the_clipped_case(setup):
+    # Guards the clipped reference case above: at norm 0.25 the gradients really are clipped.
+    module, flat, x, y = setup
+    grad, _ = gradient(flat, flat.initial_vector(), x, y)
+    assert float(grad.norm()) > 0.25
+
+
+def test_evaluation_chunks_hold_about_a_thousand_targets():
+    from clusterfed.client.work import chunk_rows
+    assert chunk_rows(torch.zeros(5000, dtype=torch.long)) == 1000
+    assert chunk_rows(torch.zeros(5000, 35, dtype=torch.long)) == 28
+    assert chunk_rows(torch.zeros(0, dtype=torch.long)) == 1000

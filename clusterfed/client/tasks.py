@@ -29,6 +29,7 @@ class TrainSpec:
     steps: int | None = None
     momentum: float = 0.0
     weight_decay: float = 0.0
+    clip_grad_norm: float | None = None   # clip each step's gradient to this L2 norm
 
     def __post_init__(self) -> None:
         if (self.epochs is None) == (self.steps is None):
@@ -39,6 +40,9 @@ class TrainSpec:
             raise ConfigError(f"train.batch_size must be at least 1, got {self.batch_size}")
         if not self.lr > 0 or not math.isfinite(self.lr):
             raise ConfigError(f"train.lr must be a positive number, got {self.lr}")
+        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
+            raise ConfigError(f"train.clip_grad_norm must be positive or null, "
+                              f"got {self.clip_grad_norm}")
         if not 0.0 <= self.momentum < 1.0:
             raise ConfigError(f"train.momentum must be in [0, 1), got {self.momentum}")
 

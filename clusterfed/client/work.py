@@ -11,7 +11,14 @@ import torch.nn.functional as F
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind, TrainSpec
 from clusterfed.models.flat import FlatModel
 
-EVAL_BATCH = 1000
+# Targets per evaluation chunk: 1000 images, or fewer sequences when each has many tokens.
+EVAL_TARGETS = 1000
+
+
+def chunk_rows(y: torch.Tensor) -> int:
+    """Rows per evaluation chunk, so a chunk holds about EVAL_TARGETS labels."""
+    per_row = max(1, y[0].numel()) if len(y) else 1
+    return max(1, EVAL_TARGETS // per_row)
 
 
 def train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
@@ -35,6 +42,8 @@ def train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tens
         loss = F.cross_entropy(model(w, x[idx]), y[idx])
         (grad,) = torch.autograd.grad(loss, w)
         w = w.detach()
+        if spec.clip_grad_norm:
+            grad = clip_by_norm(grad, spec.clip_grad_norm)
         if spec.weight_decay:
             grad = grad.add(w, alpha=spec.weight_decay)
         if spec.momentum:
@@ -45,14 +54,21 @@ def train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tens
     return w - params, total / steps
 
 
+def clip_by_norm(grad: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Scale `grad` down to norm `max_norm` if it is longer (torch's clip_grad_norm_ rule)."""
+    scale = max_norm / (float(grad.norm()) + 1e-6)
+    return grad * scale if scale < 1.0 else grad
+
+
 @torch.no_grad()
 def evaluate(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor
              ) -> tuple[float, float]:
     """Mean cross-entropy and accuracy of one model on (x, y)."""
     loss_sum, correct = 0.0, 0
-    for start in range(0, len(y), EVAL_BATCH):
-        logits = model(params, x[start:start + EVAL_BATCH])
-        target = y[start:start + EVAL_BATCH]
+    rows = chunk_rows(y)
+    for start in range(0, len(y), rows):
+        logits = model(params, x[start:start + rows])
+        target = y[start:start + rows]
         loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
         correct += int((logits.argmax(1) == target).sum())
     # Per predicted label: one per sample, or one per token for sequence targets (N, T).
@@ -72,8 +88,9 @@ def gradient(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.T
     w = params.detach().clone().requires_grad_(True)
     total = torch.zeros_like(w)
     loss_sum = 0.0
-    for start in range(0, len(y), EVAL_BATCH):
-        loss = F.cross_entropy(model(w, x[start:start + EVAL_BATCH]), y[start:start + EVAL_BATCH],
+    rows = chunk_rows(y)
+    for start in range(0, len(y), rows):
+        loss = F.cross_entropy(model(w, x[start:start + rows]), y[start:start + rows],
                                reduction="sum")
         (g,) = torch.autograd.grad(loss, w)
         total += g

@@ -38,7 +38,7 @@ def import_factory(path: str) -> ModelFactory:
     return factory
 
 
-def _image_shape(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+def image_shape(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
     if len(input_shape) != 3:
         raise ConfigError(f"model {name} takes images shaped (C, H, W), got {input_shape}")
     return input_shape  # type: ignore[return-value]
@@ -50,7 +50,7 @@ def fedavg_cnn(input_shape: tuple[int, ...], n_classes: int) -> nn.Module:
 
     1,663,370 parameters on 28x28x1 inputs with 10 classes.
     """
-    c, h, w = _image_shape("fedavg_cnn", input_shape)
+    c, h, w = image_shape("fedavg_cnn", input_shape)
     return nn.Sequential(
         nn.Conv2d(c, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
@@ -62,7 +62,7 @@ def fedavg_cnn(input_shape: tuple[int, ...], n_classes: int) -> nn.Module:
 @MODELS.register("digits_cnn")
 def digits_cnn(input_shape: tuple[int, ...], n_classes: int) -> nn.Module:
     """A small CNN for 8x8 digits: 3x3 conv 16, pool, 3x3 conv 32, pool, fc 64."""
-    c, h, w = _image_shape("digits_cnn", input_shape)
+    c, h, w = image_shape("digits_cnn", input_shape)
     return nn.Sequential(
         nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),

@@ -37,7 +37,8 @@ class Callback(Protocol):
 def train_spec(train: Mapping[str, Any]) -> TrainSpec:
     return TrainSpec(lr=float(train["lr"]), batch_size=int(train["batch_size"]),
                      epochs=train["local_epochs"], steps=train["local_steps"],
-                     momentum=float(train["momentum"]), weight_decay=float(train["weight_decay"]))
+                     momentum=float(train["momentum"]), weight_decay=float(train["weight_decay"]),
+                     clip_grad_norm=train["clip_grad_norm"])
 
 
 def initial_params(module: torch.nn.Module, seed: int) -> None:
