@@ -34,7 +34,13 @@ DEFAULTS: dict[str, Any] = {
         "protocol": "cluster",  # "cluster": the client's cluster model; "local": its own last
         "every": 1,             # evaluate every N rounds (and always after the last)
     },
-    "run": {"checkpoint_every": 5, "progress": True, "threads": None},
+    "run": {
+        "checkpoint_every": 5,
+        "progress": True,
+        "threads": None,
+        "privacy": "none",      # or "permutation" / "signed_permutation" (CFL Section V-B)
+        "privacy_seed": None,   # the clients' shared secret (default: derived from the seed)
+    },
     "compare": {"algorithms": []},
 }
 

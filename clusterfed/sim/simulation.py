@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from clusterfed import config as cfg
 from clusterfed.algorithms import RoundContext, Setup, build_algorithm
+from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind, TrainSpec
 from clusterfed.clustering.metrics import clustering_scores
 from clusterfed.data import Federation, build_federation, load_dataset
@@ -78,8 +79,16 @@ class Simulation:
         self.model = FlatModel(module)
         self.algorithm = build_algorithm(self.config["algorithm"])
         self.spec = train_spec(self.config["train"])
-        self.executor = SequentialExecutor(self.model, self.federation, seed)
-        self.setup = Setup(self.federation.num_clients, self.model.initial_vector().numpy(),
+        run = self.config["run"]
+        transform = None
+        if run["privacy"] != "none":
+            # The clients' shared secret: given, or derived from the seed; never in Setup.
+            secret = run["privacy_seed"] if run["privacy_seed"] is not None else seed + 0x5EC
+            transform = ParameterTransform.from_seed(run["privacy"], secret, self.model.size)
+        self.executor = SequentialExecutor(self.model, self.federation, seed, transform)
+        initial = self.model.initial_vector().numpy()
+        self.setup = Setup(self.federation.num_clients,
+                           initial if transform is None else transform.forward(initial),
                            self.federation.train_sizes(), seed)
         # Protocol 'local' evaluates each client's own last trained model, kept here.
         self.own_models: dict[int, np.ndarray] | None = (
