@@ -26,12 +26,7 @@ class RemoteFile:
 def content_bytes(path: Path) -> bytes:
     """The file's content, decompressed when it is gzip."""
     raw = path.read_bytes()
-    if path.suffix == ".gz":
-        try:
-            return gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as err:
-            raise DataError(f"{path} is not a valid gzip file ({err})") from err
-    return raw
+    return gunzip(raw, path) if path.suffix == ".gz" else raw
 
 
 def read_checked(root: Path, spec: RemoteFile, *, download: bool, home: str) -> bytes:
@@ -40,19 +35,36 @@ def read_checked(root: Path, spec: RemoteFile, *, download: bool, home: str) -> 
     if not path.exists() and download:
         fetch(path, spec.urls)
     if not path.exists():
-        raise DataError(
-            f"missing data file {path} (md5 of its content {spec.content_md5}); "
-            f"put the file there, set --data-dir or CLUSTERFED_DATA, or use data.download=true "
-            f"to fetch it from {home}"
-        )
+        raise missing_file(path, spec.content_md5, home)
     data = content_bytes(path)
-    digest = hashlib.md5(data).hexdigest()
-    if digest != spec.content_md5:
-        raise DataError(
-            f"corrupt data file {path}: md5 of its content is {digest}, expected "
-            f"{spec.content_md5}; replace it with the official file from {home}"
-        )
+    check_md5(data, path, spec.content_md5, home)
     return data
+
+
+def check_md5(data: bytes, where: str | Path, md5: str, home: str, *,
+              of: str = "its content") -> None:
+    """Raise the corrupt-file DataError unless `data` has the md5 `md5`."""
+    digest = hashlib.md5(data).hexdigest()
+    if digest != md5:
+        raise DataError(f"corrupt data file {where}: md5 of {of} is {digest}, expected {md5}; "
+                        f"replace it with the official file from {home}")
+
+
+def missing_file(path: Path, md5: str, home: str, *, of: str = "its content",
+                 alternative: str = "") -> DataError:
+    """The missing-file DataError, worded as read_checked words it."""
+    instead = f" (or {alternative})" if alternative else ""
+    return DataError(
+        f"missing data file {path} (md5 of {of} {md5}); put the file there{instead}, set "
+        f"--data-dir or CLUSTERFED_DATA, or use data.download=true to fetch it from {home}")
+
+
+def gunzip(data: bytes, where: str | Path) -> bytes:
+    """Decompress gzip bytes; a damaged stream is a DataError naming `where`."""
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as err:
+        raise DataError(f"{where} is not a valid gzip file ({err})") from err
 
 
 def fetch(path: Path, urls: Sequence[str]) -> None:
