@@ -1,4 +1,4 @@
-"""The command line: clusterfed run | compare | presets | report."""
+"""The command line: clusterfed run | compare | presets | scenario describe | report."""
 
 from __future__ import annotations
 
@@ -96,6 +96,40 @@ def presets() -> None:
     for name in cfg.preset_names():
         first = (cfg.presets_dir() / f"{name}.yaml").read_text().splitlines()[0]
         click.echo(f"{name:28s} {first.lstrip('# ') if first.startswith('#') else ''}")
+
+
+@main.group()
+def scenario() -> None:
+    """Look at the federation a config's scenario builds."""
+
+
+@scenario.command()
+@click.argument("source")
+@click.argument("overrides", nargs=-1)
+@click.option("--data-dir", help="Data root (default $CLUSTERFED_DATA or the user cache).")
+@click.option("--out", help="Folder for the plots and scenario.json (default runs/scenario-NAME).")
+def describe(source: str, overrides: tuple[str, ...], data_dir: str | None,
+             out: str | None) -> None:
+    """Build PRESET or CONFIG.yaml's federation; print and plot its clusters, sizes, labels."""
+    import json
+
+    from clusterfed.data.describe import describe as describe_federation
+    from clusterfed.data.describe import format_description
+    from clusterfed.report.scenario_plots import write_scenario_plots
+    from clusterfed.sim.simulation import build_federation_for
+
+    name, config = _resolve(source, overrides, data_dir)
+    federation = build_federation_for(config)
+    description = describe_federation(federation)
+    folder = Path(out) if out else Path("runs") / f"scenario-{name}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "scenario.json").write_text(json.dumps(
+        {"data": config["data"], "scenario": config["scenario"], "seed": config["seed"],
+         **description}, indent=1, default=str))
+    write_scenario_plots(description, folder)
+    click.echo(f"scenario {config['scenario']['kind']} on {config['data']['dataset']}: "
+               + format_description(description))
+    click.echo(f"plots and scenario.json: {folder}")
 
 
 @main.command()

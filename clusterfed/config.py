@@ -49,6 +49,12 @@ CLOSED_SECTIONS = {"train", "eval", "run", "compare"}
 # Changing one of these keys drops the base config's other keys of that section.
 KIND_KEYS = {"data": "dataset", "scenario": "kind", "model": "name", "algorithm": "name"}
 EVAL_PROTOCOLS = ("cluster", "local")
+# Keys that keep their meaning when the section's kind changes.
+KIND_INDEPENDENT = {
+    "scenario": {"clients", "clusters", "samples_per_client", "test_samples_per_client", "test",
+                 "quantity_skew", "clients_per_cluster"},
+    "data": {"root", "download"},
+}
 
 
 def presets_dir() -> Path:
@@ -104,9 +110,7 @@ def merge(base: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
         merged = dict(out.get(section, {}))
         kind = KIND_KEYS.get(section)
         if kind in value and value[kind] != merged.get(kind):
-            common = DEFAULTS[section].keys() | ({"clients", "clusters"} if section == "scenario"
-                                                 else set()) | ({"root"} if section == "data"
-                                                                else set())
+            common = DEFAULTS[section].keys() | KIND_INDEPENDENT.get(section, set())
             merged = {k: v for k, v in merged.items() if k in common}
         merged.update(value)
         out[section] = merged

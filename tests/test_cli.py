@@ -62,7 +62,7 @@ def test_compare_prints_table_and_writes_report(capsys, tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["run", "quickstart", "algorithm.name=fedsgd"],
-     "unknown algorithm 'fedsgd'; valid algorithms: fedavg, local"),
+     "unknown algorithm 'fedsgd'; valid algorithms: "),
     (["run", "quickstart", "data.dataset=imagenet"], "unknown dataset 'imagenet'; valid datasets:"),
     (["run", "quickstart", "scenario.kind=blobs"], "unknown scenario 'blobs'; valid scenarios:"),
     (["run", "quickstart", "model.name=vit"], "unknown model 'vit'; valid models:"),
@@ -84,6 +84,8 @@ def test_bad_input_gives_one_clear_line(capsys, tmp_path, argv, message):
     assert code == 2
     assert message in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    if "valid algorithms" in err:
+        assert "fedavg" in err and "local" in err
 
 
 def test_missing_data_file_names_file_checksum_and_where(capsys, tmp_path):

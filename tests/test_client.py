@@ -151,3 +151,26 @@ def test_evaluation_chunks_hold_about_a_thousand_targets():
     assert chunk_rows(torch.zeros(5000, dtype=torch.long)) == 1000
     assert chunk_rows(torch.zeros(5000, 35, dtype=torch.long)) == 28
     assert chunk_rows(torch.zeros(0, dtype=torch.long)) == 1000
+
+
+def test_padded_targets_are_not_scored():
+    # Sequence targets padded with -100 (cross_entropy's ignore_index) count neither way.
+    module = torch.nn.Sequential(torch.nn.Embedding(6, 6))
+
+    class PerToken(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = module
+
+        def forward(self, x):
+            return self.inner(x).permute(0, 2, 1)   # (N, vocab, T)
+
+    flat = FlatModel(PerToken())
+    x = torch.tensor([[1, 2, 3], [4, 5, 0]])
+    y = torch.tensor([[2, 3, 4], [5, -100, -100]])
+    loss, acc = evaluate(flat, flat.initial_vector(), x, y)
+    logits = PerToken()(x)
+    expected = F.cross_entropy(logits, y, reduction="sum") / 4
+    assert loss == pytest.approx(float(expected.detach()), rel=1e-5)
+    correct = int((logits.argmax(1) == y).sum())
+    assert acc == pytest.approx(correct / 4)

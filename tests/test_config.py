@@ -71,3 +71,16 @@ def test_config_file_round_trips(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(cfg.dump(config))
     assert cfg.resolve(str(path)) == config
+
+
+def test_kind_independent_scenario_keys_are_the_scenarios_common_keys():
+    from clusterfed.data.scenarios import COMMON_KEYS
+    assert cfg.KIND_INDEPENDENT["scenario"] == COMMON_KEYS - {"kind"}
+
+
+def test_changing_the_kind_keeps_common_scenario_options():
+    base = {"scenario": {"kind": "label_swap", "clients": 20, "clusters": 4,
+                         "samples_per_client": 50, "quantity_skew": 0.5, "pairs": [[0, 1]]}}
+    config = cfg.resolve(base, ["scenario.kind=rotation"])
+    assert config["scenario"]["samples_per_client"] == 50
+    assert config["scenario"]["quantity_skew"] == 0.5 and "pairs" not in config["scenario"]

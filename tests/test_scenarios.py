@@ -375,9 +375,9 @@ def test_zero_clusters(digits: Dataset) -> None:
 
 def test_unknown_kind_lists_valid_kinds(digits: Dataset) -> None:
     with pytest.raises(ConfigError) as info:
-        build_federation(digits, {"kind": "dirichlet", "clients": 4}, 0)
+        build_federation(digits, {"kind": "gaussian_blobs", "clients": 4}, 0)
     message = str(info.value)
-    assert "dirichlet" in message
+    assert "gaussian_blobs" in message
     for kind in ("iid", "label_swap", "rotation"):
         assert kind in SCENARIOS and kind in message
 

@@ -13,6 +13,13 @@ from clusterfed.models.flat import FlatModel
 
 # Targets per evaluation chunk: 1000 images, or fewer sequences when each has many tokens.
 EVAL_TARGETS = 1000
+# Padded targets of text sequences; cross_entropy skips them by default.
+IGNORE_INDEX = -100
+
+
+def scored(y: torch.Tensor) -> int:
+    """Targets that count: one per sample or token, less padding (cross_entropy's ignore_index)."""
+    return max(int((y != IGNORE_INDEX).sum()), 1)
 
 
 def chunk_rows(y: torch.Tensor) -> int:
@@ -71,9 +78,7 @@ def evaluate(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.T
         target = y[start:start + rows]
         loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
         correct += int((logits.argmax(1) == target).sum())
-    # Per predicted label: one per sample, or one per token for sequence targets (N, T).
-    n = max(y.numel(), 1)
-    return loss_sum / n, correct / n
+    return loss_sum / scored(y), correct / scored(y)
 
 
 def losses(model: FlatModel, stacked: torch.Tensor, x: torch.Tensor, y: torch.Tensor
@@ -95,7 +100,7 @@ def gradient(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.T
         (g,) = torch.autograd.grad(loss, w)
         total += g
         loss_sum += loss.detach().item()
-    n = max(y.numel(), 1)
+    n = scored(y)
     return total / n, loss_sum / n
 
 

@@ -1,4 +1,9 @@
-"""Per-client transforms, applied once when a federation is built."""
+"""Per-client transforms, applied once when a federation is built.
+
+Image transforms act on (N, C, H, W) arrays (uint8, or floats in [0, 1]) and leave anything
+else, such as int64 token ids (N, T), unchanged: the scenarios refuse to pair them with text.
+Label transforms map every entry of y, so they also work on (N, T) sequence targets.
+"""
 
 from __future__ import annotations
 
@@ -40,6 +45,8 @@ class Rotate:
     degrees: float
 
     def apply_x(self, x: np.ndarray) -> np.ndarray:
+        if not is_image(x):
+            return x
         quarter_turns, rest = divmod(float(self.degrees), 90.0)
         if rest == 0.0:
             # Exact for multiples of 90 degrees: no interpolation blur.
@@ -51,3 +58,40 @@ class Rotate:
 
     def apply_y(self, y: np.ndarray) -> np.ndarray:
         return y
+
+
+@dataclass(frozen=True)
+class LabelMap:
+    """Relabel through a lookup table: label l becomes table[l] (a permutation or a subset map)."""
+
+    table: tuple[int, ...]
+
+    def apply_x(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    def apply_y(self, y: np.ndarray) -> np.ndarray:
+        # Negative entries (a text loader's ignore index) are not labels: keep them.
+        out = np.array(y, dtype=np.int64, copy=True)
+        valid = out >= 0
+        out[valid] = np.asarray(self.table, dtype=np.int64)[out[valid]]
+        return out
+
+
+@dataclass(frozen=True)
+class Invert:
+    """Pixel inversion, x -> max - x (255 for uint8, 1 for floats): a covariate shift."""
+
+    def apply_x(self, x: np.ndarray) -> np.ndarray:
+        if not is_image(x):
+            return x
+        if x.dtype == np.uint8:
+            return np.subtract(np.uint8(255), x)
+        return (1.0 - x).astype(x.dtype)
+
+    def apply_y(self, y: np.ndarray) -> np.ndarray:
+        return y
+
+
+def is_image(x: np.ndarray) -> bool:
+    """Images are (N, [C,] H, W) of uint8 or floats; integer token ids are not."""
+    return x.ndim >= 3 and (x.dtype == np.uint8 or np.issubdtype(x.dtype, np.floating))
