@@ -52,12 +52,16 @@ def test_compare_prints_table_and_writes_report(capsys, tmp_path):
     assert any(line.startswith("fedavg") for line in out.splitlines())
     assert any(line.startswith("local") and line.split()[3] == "8" for line in out.splitlines())
     comparison = json.loads((tmp_path / "comparison.json").read_text())
-    assert comparison["algorithms"] == ["fedavg", "local"]
+    assert comparison["algorithms"] == ["fedavg", "local", "cfl"]
+    # The preset's own options for an algorithm travel with it.
+    assert json.loads((tmp_path / "cfl" / "summary.json").read_text())["algorithm"] == "cfl"
+    assert "min_child_size: 2" in (tmp_path / "cfl" / "config.yaml").read_text()
     assert (tmp_path / "report.md").read_text().count("fedavg") >= 2
     assert (tmp_path / "local" / "report.md").exists()
-    code, out, _ = cli(capsys, "compare", "quickstart", *SMALL, "--algorithms", "local",
-                       "--out", str(tmp_path / "one"))
+    code, out, _ = cli(capsys, "compare", "quickstart", *SMALL, "--algorithms", "local,cfl",
+                       "--out", str(tmp_path / "two"))
     assert code == 0 and "fedavg" not in out
+    assert "min_child_size: 2" in (tmp_path / "two" / "cfl" / "config.yaml").read_text()
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -172,3 +172,38 @@ def test_cli_describe_on_mnist(kind: str, shared_data: Path, capsys: pytest.Capt
     assert all(size > 0 for size in saved["test_sizes"])
     for name in PLOTS:
         assert (tmp_path / name).stat().st_size > 1000, name
+
+
+@pytest.mark.shared_data
+def test_cli_describe_mix_of_real_mnist_and_fashion_mnist(shared_data: Path,
+                                                         capsys: pytest.CaptureFixture,
+                                                         tmp_path: Path) -> None:
+    # `mix` needs per-sample sources: MNIST and Fashion-MNIST, one per true cluster.
+    code, out, err = cli(capsys, "scenario", "describe", "mnist-iid", "data.dataset=mix",
+                         "data.datasets=[mnist, fashion_mnist]", "data.shape=[1, 28, 28]",
+                         "scenario.kind=mix", "scenario.clients=8", "scenario.clusters=2",
+                         "scenario.samples_per_client=50", "--data-dir", str(shared_data),
+                         "--out", str(tmp_path))
+    assert code == 0, err
+    saved = json.loads((tmp_path / "scenario.json").read_text())
+    assert saved["input_shape"] == [1, 28, 28] and len(saved["train_sizes"]) == 8
+    # MNIST's labels are 0-9, Fashion-MNIST's are offset to 10-19.
+    assert saved["n_classes"] == 20
+
+
+@pytest.mark.shared_data
+def test_cli_describe_writers(shared_data: Path, capsys: pytest.CaptureFixture,
+                              tmp_path: Path) -> None:
+    # MNIST has no writers: one clear line. Shakespeare's roles are natural clients.
+    code, _, err = cli(capsys, "scenario", "describe", "mnist-iid", "scenario.kind=writers",
+                       "scenario.clients=8", "--data-dir", str(shared_data),
+                       "--out", str(tmp_path / "mnist"))
+    assert code == 2 and "group" in err and len(err.strip().splitlines()) == 1
+    code, out, err = cli(capsys, "scenario", "describe", "mnist-iid",
+                         "data.dataset=shakespeare", "data.source=leaf_raw", "data.stride=40",
+                         "data.raw_dir=leaf_partial",
+                         "model.name=char_lstm", "scenario.kind=writers", "scenario.clients=8",
+                         "--data-dir", str(shared_data), "--out", str(tmp_path / "roles"))
+    assert code == 0, err
+    saved = json.loads((tmp_path / "roles" / "scenario.json").read_text())
+    assert len(saved["train_sizes"]) == 8 and min(saved["train_sizes"]) > 0

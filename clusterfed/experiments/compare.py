@@ -19,7 +19,10 @@ def algorithm_sections(config: Mapping[str, Any], names: Sequence[str] | None
 
     A list entry is a name or a mapping {name: ..., option: ...} with that algorithm's options.
     """
-    entries: list[Any] = list(names) if names else list(config["compare"]["algorithms"])
+    listed = list(config["compare"]["algorithms"])
+    own_options = {e["name"]: e for e in listed if isinstance(e, Mapping)}
+    # A name asked for on the command line keeps the options the config gives it.
+    entries: list[Any] = [own_options.get(n, n) for n in names] if names else listed
     if not entries:
         entries = ALGORITHMS.names()
     sections = []
