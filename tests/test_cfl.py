@@ -149,6 +149,7 @@ def test_bad_options():
                              ({"bipartition": "ward"}, "bipartition"),
                              ({"mode": "alg4"}, "mode"),
                              ({"min_split_size": 1}, "min_split_size"),
+                             ({"patience": 0}, "patience"),
                              ({"rho": None}, "rho")]:
         with pytest.raises(ConfigError, match=message):
             build_algorithm({"name": "cfl", **options})
@@ -212,3 +213,21 @@ def test_congruent_clients_never_split_and_incongruent_ones_do_with_calibrated_t
         assert summary["clustering"]["n_clusters"] == 1, options
     split = run_config(toy(scenario=incongruent, rounds=30, **calibrated))
     assert split["clustering"]["n_clusters"] == 2
+
+
+def test_patience_needs_the_criteria_on_consecutive_rounds():
+    algo = build_algorithm({"name": "cfl", "eps1": 0.5, "eps2": 1.0, "patience": 2})
+    state = algo.init(Setup(4, np.zeros(2, np.float32), np.full(4, 10), 0))
+    opposed = [[2, 0.1], [-2, 0.1], [2, -0.1], [-2, -0.1]]
+    calm = [[0.1, 0], [0.1, 0], [0.1, 0], [0.1, 0]]           # max norm below eps2
+
+    def step(state, ups, rnd):
+        return algo.update(state, RoundContext(rnd, np.arange(4), SPEC),
+                           [result(c, u) for c, u in enumerate(ups)]).state
+
+    once = step(state, opposed, 0)
+    assert len(once.leaves) == 1 and once.streaks == {0: 1}
+    interrupted = step(step(once, calm, 1), opposed, 2)
+    assert len(interrupted.leaves) == 1 and interrupted.streaks == {0: 1}
+    twice = step(once, opposed, 1)
+    assert len(twice.leaves) == 2 and twice.streaks == {}

@@ -58,6 +58,7 @@ class CFLState:
     joined: np.ndarray                   # bool: takes part in training
     last_split: np.ndarray               # per leaf: the round it was created (-1: initial)
     max_norms: dict[int, np.ndarray] = field(default_factory=dict)  # per leaf, recent rounds
+    streaks: dict[int, int] = field(default_factory=dict)  # per leaf: rounds criteria held
 
 
 def _leaf_index(state: CFLState, node: int) -> int:
@@ -80,6 +81,7 @@ class CFL:
     min_rounds_between_splits: int = 0  # per cluster, since the split that created it
     min_split_size: int = 2             # clusters smaller than this never split (A8)
     min_child_size: int = 1             # reject bipartitions with a smaller side
+    patience: int = 1                   # rounds in a row the norm criteria must hold (A4)
     newcomers: Sequence[int] = ()       # clients that join late, routed by Algorithm 4
     join_round: int = 0
     leavers: Sequence[int] = ()         # clients that leave for good at leave_round
@@ -102,6 +104,8 @@ class CFL:
             raise ValueError("gamma_max must be in [0, 1)")
         if self.min_split_size < 2:
             raise ValueError("min_split_size must be at least 2")
+        if self.patience < 1:
+            raise ValueError("patience must be at least 1")
         object.__setattr__(self, "newcomer_set", frozenset(int(c) for c in self.newcomers))
 
     # init / plan ---------------------------------------------------------------------------
@@ -195,7 +199,11 @@ class CFL:
         state = replace(state, max_norms={**state.max_norms, leaf: history})
         members = state.nodes[leaf].members
         everyone = len(results) == len(members)
-        if everyone and self._wants_split(state, k, len(members), mean_norm, history, rnd):
+        # One noisy round must not split a cluster when patience asks for several (A4).
+        held = everyone and self._wants_split(state, k, len(members), mean_norm, history, rnd)
+        streak = state.streaks.get(leaf, 0) + 1 if held else 0
+        state = replace(state, streaks={**state.streaks, leaf: streak})
+        if held and streak >= self.patience:
             order = np.argsort([r.client for r in results], kind="stable")
             clients = np.array([results[i].client for i in order])
             split, event = self._try_split(updates[order], clients)
@@ -293,6 +301,7 @@ def split_leaf(state: CFLState, leaf: int, parts: tuple[np.ndarray, np.ndarray],
     return replace(
         state, nodes=tuple(nodes),
         max_norms={v: h for v, h in state.max_norms.items() if v != leaf},
+        streaks={v: s for v, s in state.streaks.items() if v != leaf},
         leaves=np.concatenate([state.leaves[keep], child_ids]),
         models=np.concatenate([state.models[keep], np.stack(child_models)]).astype(np.float32),
         client_node=client_node,
