@@ -33,6 +33,7 @@ DEFAULTS: dict[str, Any] = {
     "eval": {
         "protocol": "cluster",  # "cluster": the client's cluster model; "local": its own last
         "every": 1,             # evaluate every N rounds (and always after the last)
+        "validation_fraction": 0.0,  # share of each client's training data held out
     },
     "run": {
         "checkpoint_every": 5,
@@ -48,7 +49,7 @@ DEFAULTS: dict[str, Any] = {
 CLOSED_SECTIONS = {"train", "eval", "run", "compare"}
 # Changing one of these keys drops the base config's other keys of that section.
 KIND_KEYS = {"data": "dataset", "scenario": "kind", "model": "name", "algorithm": "name"}
-EVAL_PROTOCOLS = ("cluster", "local")
+EVAL_PROTOCOLS = ("cluster", "local", "best_of_path")
 # Keys that keep their meaning when the section's kind changes.
 KIND_INDEPENDENT = {
     "scenario": {"clients", "clusters", "samples_per_client", "test_samples_per_client", "test",
@@ -177,6 +178,12 @@ def validate(config: Mapping[str, Any]) -> None:
     if ev["protocol"] not in EVAL_PROTOCOLS:
         raise ConfigError(f"unknown eval.protocol {ev['protocol']!r}; valid: "
                           f"{', '.join(EVAL_PROTOCOLS)}")
+    fraction = ev["validation_fraction"]
+    if not isinstance(fraction, int | float) or not 0.0 <= fraction < 1.0:
+        raise ConfigError(f"eval.validation_fraction must be in [0, 1), got {fraction!r}")
+    if ev["protocol"] == "best_of_path" and not fraction:
+        raise ConfigError("eval.protocol=best_of_path chooses models on held-out data: "
+                          "set eval.validation_fraction, e.g. 0.2")
     if not isinstance(ev["every"], int) or ev["every"] < 1:
         raise ConfigError(f"eval.every must be a positive integer, got {ev['every']!r}")
     every = config["run"]["checkpoint_every"]

@@ -231,3 +231,19 @@ def test_patience_needs_the_criteria_on_consecutive_rounds():
     assert len(interrupted.leaves) == 1 and interrupted.streaks == {0: 1}
     twice = step(once, opposed, 1)
     assert len(twice.leaves) == 2 and twice.streaks == {}
+
+
+def test_best_of_path_reports_the_best_validating_model_on_each_path():
+    from clusterfed.algorithms.cfl import path_models as paths
+    cfg = merge(toy(), {"eval": {"protocol": "best_of_path", "validation_fraction": 0.2,
+                                 "every": 30}})
+    sim = Simulation(cfg)
+    summary = sim.run()
+    metrics = json.loads(json.dumps(summary))
+    assert len(sim.state.leaves) > 1
+    for c in range(8):
+        path = paths(sim.state, c)
+        val = [sim.executor.evaluate(m, [c], split="validation")[0, 1] for m in path]
+        best = len(val) - 1 - int(np.argmax(val[::-1]))
+        test_acc = sim.executor.evaluate(path[best], [c])[0, 1]
+        assert metrics["final"]["per_client_accuracy"][c] == pytest.approx(test_acc, abs=1e-6)

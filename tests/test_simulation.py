@@ -99,3 +99,21 @@ def test_callback_can_stop_early(tmp_path):
                          callbacks=[lambda r, rec: r == 2])
     assert summary["rounds"] == 2
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_validation_share_is_held_out_of_training():
+    cfg = tiny_config("fedavg", eval={"protocol": "best_of_path", "validation_fraction": 0.25})
+    sim = Simulation(cfg)
+    for c, client in enumerate(sim.federation.clients):
+        n = client.num_train
+        held = int(round(0.25 * n))
+        assert len(sim.executor.train[c][1]) == n - held == sim.setup.num_samples[c]
+        x_val, _ = sim.executor.validation[c]
+        np.testing.assert_array_equal(x_val.numpy(), client.train_x[n - held:])
+
+
+def test_best_of_path_without_a_tree_is_the_cluster_protocol():
+    base = {"validation_fraction": 0.25}
+    best = Simulation(tiny_config("fedavg", eval={"protocol": "best_of_path", **base})).run()
+    plain = Simulation(tiny_config("fedavg", eval={"protocol": "cluster", **base})).run()
+    assert best["final"]["per_client_accuracy"] == plain["final"]["per_client_accuracy"]

@@ -259,6 +259,10 @@ class CFL:
 
     # views -----------------------------------------------------------------------------------
 
+    def path_models(self, state: CFLState, client: int) -> list[np.ndarray]:
+        """The models on the client's root-to-leaf path, the FL model first."""
+        return path_models(state, client)
+
     def clusters(self, state: CFLState) -> ClusterView:
         """Leaf models for members; a client not yet joined is served its current node's model."""
         extra_nodes = sorted({int(n) for n, j in zip(state.client_node, state.joined,

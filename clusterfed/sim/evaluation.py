@@ -32,6 +32,27 @@ def evaluate_clients(executor: SequentialExecutor, view: ClusterView,
     return out
 
 
+def best_of_path(executor: SequentialExecutor, algorithm: Any, state: Any, view: ClusterView
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Protocol 'best_of_path': each client's best model on its root-to-leaf path.
+
+    Each model on the path (an algorithm's `path_models(state, client)`, most general first;
+    just the cluster model for algorithms without a tree) is scored on the client's held-out
+    validation data; the client reports the test figures of the best, ties going to the more
+    specialised model. Returns (loss, accuracy) per client and the chosen depth per client.
+    """
+    n = len(view.assignment)
+    out, depth = np.zeros((n, 2)), np.zeros(n, dtype=np.int64)
+    paths = getattr(algorithm, "path_models", None)
+    for c in range(n):
+        models = paths(state, c) if paths else [view.models[view.assignment[c]]]
+        scores = [executor.evaluate(m, [c], split="validation")[0, 1] for m in models]
+        best = len(scores) - 1 - int(np.argmax(scores[::-1]))
+        depth[c] = best
+        out[c] = executor.evaluate(models[best], [c])[0]
+    return out, depth
+
+
 def round_record(per_client: np.ndarray, view: ClusterView, true_clusters: np.ndarray
                  ) -> dict[str, Any]:
     """Accuracy and clustering figures of one evaluation, JSON-ready."""

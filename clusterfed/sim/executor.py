@@ -20,14 +20,22 @@ class SequentialExecutor:
     """Runs client tasks in this process, sharing one module and zero-copy data tensors."""
 
     def __init__(self, model: FlatModel, federation: Federation, seed: int,
-                 transform: ParameterTransform | None = None) -> None:
+                 transform: ParameterTransform | None = None,
+                 validation_fraction: float = 0.0) -> None:
         self.model = model
         self.seed = seed
         # The clients' side of the privacy transform: parameters arrive in P-space.
         self.transform = transform
         # torch.from_numpy shares memory with the federation's arrays: no copies.
-        self.train = [(torch.from_numpy(c.train_x), torch.from_numpy(c.train_y))
-                      for c in federation.clients]
+        # The last `validation_fraction` of each client's (already shuffled) training data is
+        # held out: it never trains, and selects among models (protocol best_of_path).
+        self.train, self.validation = [], []
+        for c in federation.clients:
+            x, y = torch.from_numpy(c.train_x), torch.from_numpy(c.train_y)
+            held = int(round(validation_fraction * len(y))) if validation_fraction else 0
+            held = min(max(held, 1 if validation_fraction else 0), len(y) - 1)
+            self.train.append((x[:len(y) - held], y[:len(y) - held]))
+            self.validation.append((x[len(y) - held:], y[len(y) - held:]))
         self.test = [(torch.from_numpy(c.test_x), torch.from_numpy(c.test_y))
                      for c in federation.clients]
 
@@ -49,10 +57,15 @@ class SequentialExecutor:
             results.append(result)
         return results
 
-    def evaluate(self, params: np.ndarray, clients: Sequence[int]) -> np.ndarray:
-        """(loss, accuracy) of one model on each listed client's test data: shape (n, 2)."""
+    def train_sizes(self) -> np.ndarray:
+        return np.array([len(y) for _, y in self.train], dtype=np.int64)
+
+    def evaluate(self, params: np.ndarray, clients: Sequence[int], split: str = "test"
+                 ) -> np.ndarray:
+        """(loss, accuracy) of one model on each listed client's test (or validation) data."""
         if self.transform is not None:
             params = self.transform.inverse(params)
         w = torch.as_tensor(params)
-        return np.array([evaluate(self.model, w, *self.test[c]) for c in clients],
+        data = self.test if split == "test" else self.validation
+        return np.array([evaluate(self.model, w, *data[c]) for c in clients],
                         dtype=np.float64).reshape(-1, 2)

@@ -14,14 +14,14 @@ import torch
 from tqdm import tqdm
 
 from clusterfed import config as cfg
-from clusterfed.algorithms import RoundContext, Setup, build_algorithm
+from clusterfed.algorithms import ClusterView, RoundContext, Setup, build_algorithm
 from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind, TrainSpec
 from clusterfed.clustering.metrics import clustering_scores
 from clusterfed.data import Federation, build_federation, load_dataset
 from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel, build_model
-from clusterfed.sim.evaluation import evaluate_clients, round_record
+from clusterfed.sim.evaluation import best_of_path, evaluate_clients, round_record
 from clusterfed.sim.executor import SequentialExecutor
 from clusterfed.sim.outputs import RunFolder, read_config
 from clusterfed.sim.sampling import sample_clients
@@ -85,11 +85,12 @@ class Simulation:
             # The clients' shared secret: given, or derived from the seed; never in Setup.
             secret = run["privacy_seed"] if run["privacy_seed"] is not None else seed + 0x5EC
             transform = ParameterTransform.from_seed(run["privacy"], secret, self.model.size)
-        self.executor = SequentialExecutor(self.model, self.federation, seed, transform)
+        self.executor = SequentialExecutor(self.model, self.federation, seed, transform,
+                                           self.config["eval"]["validation_fraction"])
         initial = self.model.initial_vector().numpy()
         self.setup = Setup(self.federation.num_clients,
                            initial if transform is None else transform.forward(initial),
-                           self.federation.train_sizes(), seed)
+                           self.executor.train_sizes(), seed)
         # Protocol 'local' evaluates each client's own last trained model, kept here.
         self.own_models: dict[int, np.ndarray] | None = (
             {} if self.config["eval"]["protocol"] == "local" else None)
@@ -173,8 +174,7 @@ class Simulation:
                                    "assignment": view.assignment.tolist()})
                     last_assignment = view.assignment.copy()
                 if (r + 1) % every == 0 or r + 1 == rounds:
-                    per_client = evaluate_clients(self.executor, view, self.own_models)
-                    record.update(round_record(per_client, view, self.federation.true_clusters))
+                    record.update(self._evaluate(state, view))
                     bar.set_postfix(acc=f"{record['mean_accuracy']:.3f}",
                                     clusters=record["n_clusters"])
                 bar.update(1)
@@ -199,11 +199,24 @@ class Simulation:
             self.folder.write_summary(summary)
         return summary
 
+    def _evaluate(self, state: Any, view: ClusterView) -> dict[str, Any]:
+        """The evaluation protocol's per-client figures, as one metrics record."""
+        true = self.federation.true_clusters
+        if self.config["eval"]["protocol"] != "best_of_path":
+            return round_record(evaluate_clients(self.executor, view, self.own_models), view,
+                                true)
+        chosen, depth = best_of_path(self.executor, self.algorithm, state, view)
+        record = round_record(chosen, view, true)
+        leaf = evaluate_clients(self.executor, view, None)
+        record.update({"leaf_mean_accuracy": float(leaf[:, 1].mean()),
+                       "chosen_path_depth": depth.tolist()})
+        return record
+
     def _summary(self, state: Any, last: Mapping[str, Any], wall: float) -> dict[str, Any]:
         view = self.algorithm.clusters(state)
         true = self.federation.true_clusters
         if "per_client_accuracy" not in last:   # stopped between evaluations
-            last = round_record(evaluate_clients(self.executor, view, self.own_models), view, true)
+            last = self._evaluate(state, view)
         return {
             "algorithm": self.config["algorithm"]["name"],
             "rounds": int(last.get("round", self.config["train"]["rounds"])),
