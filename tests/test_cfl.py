@@ -247,3 +247,39 @@ def test_best_of_path_reports_the_best_validating_model_on_each_path():
         best = len(val) - 1 - int(np.argmax(val[::-1]))
         test_acc = sim.executor.evaluate(path[best], [c])[0, 1]
         assert metrics["final"]["per_client_accuracy"][c] == pytest.approx(test_acc, abs=1e-6)
+
+
+def test_every_round_logs_norms_alpha_gamma_bound_and_the_true_separation_gap(toy_run):
+    from clusterfed.clustering.cfl_math import separation_gap
+    out, summary = toy_run
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    true = np.array(summary["clustering"]["true_assignment"])
+    for m in metrics:
+        for info in m["cfl"].values():
+            assert {"mean_norm", "max_norm", "alpha_cross_max", "gamma_bound"} <= set(info)
+            assert info["gamma_bound"] == pytest.approx(
+                np.sqrt((1 - info["alpha_cross_max"]) / 2))
+        assert set(m["separation_gap"]) == set(m["cfl"])
+    # At a split round the logged gap is g(alpha) of the split's own similarity matrix.
+    for e in splits(out):
+        gap = separation_gap(np.array(e["similarity"]), true[e["members"]])
+        assert metrics[e["round"] - 1]["separation_gap"][str(e["node"])] == pytest.approx(
+            gap, abs=1e-4)
+
+
+def test_gradient_mode_clusters_by_full_batch_gradients(tmp_path):
+    summary = run_config(toy(similarity_from="gradients"), tmp_path)
+    events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert splits(tmp_path), "gradient mode never split"
+    assert summary["clustering"]["ari"] >= 0.6
+    assert not any(e["type"] == "rejected_result" for e in events)
+
+
+def test_algorithm_3_mode_builds_the_same_tree_on_the_toy(toy_run, tmp_path):
+    out, summary = toy_run
+    run_config(toy(mode="alg3"), tmp_path)
+
+    def tree(folder):  # each split as {child, child}; the rounds may differ, the tree not
+        return sorted(sorted(e["parts"]) for e in splits(folder))
+
+    assert tree(tmp_path) == tree(out) and len(tree(out)) == 3

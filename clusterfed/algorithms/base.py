@@ -39,6 +39,9 @@ class Update:
     metrics: Mapping[str, float] = field(default_factory=dict)
     events: Sequence[Mapping[str, Any]] = ()
     round_done: bool = True    # False: plan again within the same round (step + 1)
+    # Arrays for the runtime to score against the true clusters, which algorithms never see:
+    # {cluster label: {"similarity": (m, m), "members": (m,) client ids}} -> separation gap.
+    diagnostics: Mapping[str, Mapping[str, np.ndarray]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

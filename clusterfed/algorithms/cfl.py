@@ -82,13 +82,15 @@ class CFL:
     min_split_size: int = 2             # clusters smaller than this never split (A8)
     min_child_size: int = 1             # reject bipartitions with a smaller side
     patience: int = 1                   # rounds in a row the norm criteria must hold (A4)
+    similarity_from: str = "updates"    # or "gradients": full-batch gradients (Figs. 5, 6)
     newcomers: Sequence[int] = ()       # clients that join late, routed by Algorithm 4
     join_round: int = 0
     leavers: Sequence[int] = ()         # clients that leave for good at leave_round
     leave_round: int = 0
     toy_mixture_options: ClassVar[dict[str, Any]] = {"rounds": 30, "min_child_size": 2}
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
-        "bipartition": ("optimal", "complete"), "mode": ("alg5", "alg3")}
+        "bipartition": ("optimal", "complete"), "mode": ("alg5", "alg3"),
+        "similarity_from": ("updates", "gradients")}
     newcomer_set: frozenset[int] = field(init=False, repr=False, default=frozenset())
 
     def __post_init__(self) -> None:
@@ -129,8 +131,10 @@ class CFL:
         for c in ctx.sampled.tolist():
             if ctx.step == 0 and state.joined[c]:
                 k = _leaf_index(state, int(state.client_node[c]))
-                tasks.append(ClientTask(c, TaskKind.TRAIN, state.models[k], ctx.train,
-                                        {"leaf": int(state.leaves[k])}))
+                meta = {"leaf": int(state.leaves[k])}
+                tasks.append(ClientTask(c, TaskKind.TRAIN, state.models[k], ctx.train, meta))
+                if self.similarity_from == "gradients":   # Eq. 50, at the same model
+                    tasks.append(ClientTask(c, TaskKind.GRADIENT, state.models[k], meta=meta))
         for c in self._routing(state, ctx):
             node = state.nodes[int(state.client_node[c])]
             tasks.append(ClientTask(c, TaskKind.TRAIN, node.model, ctx.train,
@@ -163,63 +167,89 @@ class CFL:
         metrics: dict[str, Any] = {}
         events: list[dict[str, Any]] = []
         by_leaf: dict[int, list[ClientResult]] = {}
+        gradients: dict[int, dict[int, np.ndarray]] = {}
         routed = []
         for r in results:
             if "route" in r.meta:
                 routed.append(r)
+            elif r.kind is TaskKind.GRADIENT:
+                gradients.setdefault(int(r.meta["leaf"]), {})[r.client] = r.update
             else:
                 by_leaf.setdefault(int(r.meta["leaf"]), []).append(r)
-        norms = {}
+        norms, diagnostics = {}, {}
         for leaf in state.leaves.tolist():
             group = by_leaf.get(leaf)
             if group:
-                state, info, new_events = self._cluster_round(state, leaf, group, ctx.round)
+                state, info, new_events, diag = self._cluster_round(
+                    state, leaf, group, gradients.get(leaf, {}), ctx.round)
                 norms[str(leaf)] = info
                 events += new_events
+                if diag:
+                    diagnostics[str(leaf)] = diag
         if norms:
             metrics["cfl"] = norms
         for r in routed:
             state, event = route_one_level(state, r.client, int(r.meta["route"]), r.update)
             events.append(event)
         pending = ctx.round >= self.join_round and self._routing(state, ctx)
-        return Update(state, metrics, events, round_done=not pending)
+        return Update(state, metrics, events, round_done=not pending, diagnostics=diagnostics)
 
-    def _cluster_round(self, state: CFLState, leaf: int, results: list[ClientResult], rnd: int
-                       ) -> tuple[CFLState, dict[str, float], list[dict[str, Any]]]:
+    def _cluster_round(self, state: CFLState, leaf: int, results: list[ClientResult],
+                       gradients: dict[int, np.ndarray], rnd: int
+                       ) -> tuple[CFLState, dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
         """FedAvg inside one cluster, then the split test of Algorithm 5 (lines 14-22)."""
         k = _leaf_index(state, leaf)
+        results = sorted(results, key=lambda r: r.client)
+        clients = np.array([r.client for r in results])
         updates = np.stack([r.update for r in results])
         weights = aggregation_weights(np.array([r.num_samples for r in results]), self.weighting)
         mean_update = weighted_mean(updates, weights)
         mean_norm = float(np.linalg.norm(mean_update.astype(np.float64)))
         max_norm = cfl_math.max_update_norm(updates)
-        info = {"mean_norm": mean_norm, "max_norm": max_norm, "clients": len(results)}
+        info: dict[str, Any] = {"mean_norm": mean_norm, "max_norm": max_norm,
+                                "clients": len(results)}
         history = np.append(state.max_norms.get(leaf, np.zeros(0)), max_norm)
         history = history[-(self.stagnation_window + 1):]
         state = replace(state, max_norms={**state.max_norms, leaf: history})
+        # The bipartition of this round's signals, logged every round (Figs. 5, 6, 8).
+        bipartition, diagnostics = None, {}
+        signals = (np.stack([gradients[c] for c in clients.tolist()])
+                   if self.similarity_from == "gradients" and set(clients.tolist()) <= set(
+                       gradients) else updates)
+        if len(results) >= 2:
+            similarity = cfl_math.cosine_similarity_matrix(signals)
+            bipartition = self._bipartition(similarity)
+            info.update(alpha_cross_max=bipartition[2], gamma_bound=cfl_math.gamma_max(
+                bipartition[2]))
+            diagnostics = {"similarity": similarity, "members": clients}
         members = state.nodes[leaf].members
         everyone = len(results) == len(members)
         # One noisy round must not split a cluster when patience asks for several (A4).
         held = everyone and self._wants_split(state, k, len(members), mean_norm, history, rnd)
         streak = state.streaks.get(leaf, 0) + 1 if held else 0
         state = replace(state, streaks={**state.streaks, leaf: streak})
-        if held and streak >= self.patience:
-            order = np.argsort([r.client for r in results], kind="stable")
-            clients = np.array([results[i].client for i in order])
-            split, event = self._try_split(updates[order], clients)
+        events = []
+        if held and streak >= self.patience and bipartition is not None:
+            split, event = self._try_split(diagnostics["similarity"], bipartition, clients)
             event.update({"type": "split" if split else "split_rejected", "node": leaf,
                           "mean_norm": mean_norm, "max_norm": max_norm})
+            events.append(event)
             if split is not None:
-                state = split_leaf(state, leaf, split, updates[order], weights[order], rnd,
+                state = split_leaf(state, leaf, split, updates, weights, rnd,
                                    restart=self.mode == "alg3")
                 event["children"] = list(state.nodes[leaf].children)
-                return state, info, [event]
-            models = state.models.copy()
-            models[k] = models[k] + mean_update
-            return replace(state, models=models), info, [event]
+                return state, info, events, diagnostics
         models = state.models.copy()
         models[k] = models[k] + mean_update
-        return replace(state, models=models), info, []
+        return replace(state, models=models), info, events, diagnostics
+
+    def _bipartition(self, similarity: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+        """Algorithm 1 (or complete linkage) and its alpha_cross_max (Eqs. 25, 17)."""
+        if self.bipartition == "optimal":
+            part_a, part_b = cfl_math.optimal_bipartition(similarity)
+        else:
+            part_a, part_b = cfl_math.complete_linkage_bipartition(similarity)
+        return part_a, part_b, cfl_math.alpha_cross_max(similarity, part_a, part_b)
 
     def _wants_split(self, state: CFLState, k: int, size: int, mean_norm: float,
                      max_norms: np.ndarray, rnd: int) -> bool:
@@ -235,18 +265,13 @@ class CFL:
                                               window=self.stagnation_window,
                                               tolerance=self.stagnation_tolerance)
 
-    def _try_split(self, updates: np.ndarray, clients: np.ndarray
+    def _try_split(self, similarity: np.ndarray,
+                   bipartition: tuple[np.ndarray, np.ndarray, float], clients: np.ndarray
                    ) -> tuple[tuple[np.ndarray, np.ndarray] | None, dict[str, Any]]:
-        """Algorithm 1 on the members' cosine similarities, then the gamma_max test (Eq. 39)."""
-        similarity = cfl_math.cosine_similarity_matrix(updates)
-        if self.bipartition == "optimal":
-            part_a, part_b = cfl_math.optimal_bipartition(similarity)
-        else:
-            part_a, part_b = cfl_math.complete_linkage_bipartition(similarity)
-        alpha = cfl_math.alpha_cross_max(similarity, part_a, part_b)
-        bound = cfl_math.gamma_max(alpha)
+        """The gamma_max acceptance test (Eq. 39) of this round's bipartition."""
+        part_a, part_b, alpha = bipartition
         event: dict[str, Any] = {
-            "alpha_cross_max": alpha, "gamma_bound": bound,
+            "alpha_cross_max": alpha, "gamma_bound": cfl_math.gamma_max(alpha),
             "members": clients.tolist(),
             "parts": [cfl_math.map_to_clients(clients, p).tolist() for p in (part_a, part_b)],
             "similarity": np.round(similarity, 5).tolist(),

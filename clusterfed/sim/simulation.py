@@ -17,6 +17,7 @@ from clusterfed import config as cfg
 from clusterfed.algorithms import ClusterView, RoundContext, Setup, build_algorithm
 from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind, TrainSpec
+from clusterfed.clustering.cfl_math import separation_gap
 from clusterfed.clustering.metrics import clustering_scores
 from clusterfed.data import Federation, build_federation, load_dataset
 from clusterfed.errors import ConfigError
@@ -115,6 +116,13 @@ class Simulation:
                                "task": result.kind.value, "reason": "non-finite values"})
         return kept
 
+    def _separation_gaps(self, diagnostics: Mapping[str, Mapping[str, np.ndarray]]
+                         ) -> dict[str, float]:
+        """g(alpha) of each reported similarity matrix against the true clusters (CFL Eq. 48)."""
+        true = self.federation.true_clusters
+        return {label: round(separation_gap(d["similarity"], true[np.asarray(d["members"])]), 6)
+                for label, d in diagnostics.items() if "similarity" in d and "members" in d}
+
     def _round(self, state: Any, r: int) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
         train = self.config["train"]
         sampled = sample_clients(self.config["seed"], r, self.federation.num_clients,
@@ -123,6 +131,7 @@ class Simulation:
         metrics: dict[str, Any] = {}
         events: list[dict[str, Any]] = []
         losses: list[float] = []
+        gaps: dict[str, float] = {}
         while True:
             tasks = self.algorithm.plan(state, ctx)
             results = self._execute(tasks, r, ctx.step, events)
@@ -130,12 +139,15 @@ class Simulation:
             upd = self.algorithm.update(state, ctx, results)
             state = upd.state
             metrics.update(upd.metrics)
+            gaps.update(self._separation_gaps(upd.diagnostics))
             events += [{"round": r + 1, **e} for e in upd.events]
             if upd.round_done:
                 break
             ctx = replace(ctx, step=ctx.step + 1)
         record = {"round": r + 1, "sampled": len(sampled),
                   "train_loss": float(np.mean(losses)) if losses else None, **metrics}
+        if gaps:
+            record["separation_gap"] = gaps
         return state, record, events
 
     # The whole run --------------------------------------------------------------------------
