@@ -148,6 +148,12 @@ def test_a_run_without_split_tests_says_so(cfl_run, tmp_path):
     shutil.copytree(out, folder)
     kept = [e for e in events if e["type"] not in cfl_plots.TESTS]
     (folder / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in kept))
+    # With the per-round gaps still logged, the gap figure draws them.
+    assert "cfl_gap.png" in write_report(folder).read_text()
+    metrics = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
+    for m in metrics:
+        m.pop("separation_gap", None)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     report = write_report(folder).read_text()
     assert "No split happened (0 split tests rejected)." in report
     assert "No split test was run" in report

@@ -218,16 +218,31 @@ def gap_points(events: Sequence[Record], true: Sequence[int]) -> list[dict[str, 
              "gap": event_gap(e, true)} for e in split_tests(events)]
 
 
-def gap_curves(events: Sequence[Record], true: Sequence[int], path: Path) -> bool:
-    """g(alpha) per node at its split tests; returns False, drawing nothing, if there are none."""
+def gap_series(metrics: Sequence[Record]) -> dict[int, tuple[list[int], list[float]]]:
+    """Per node, the rounds and the g(alpha) the simulator logged for it every round."""
+    series: dict[int, tuple[list[int], list[float]]] = {}
+    for m in metrics:
+        for node, gap in m.get("separation_gap", {}).items():
+            rounds, gaps = series.setdefault(int(node), ([], []))
+            rounds.append(m["round"])
+            gaps.append(gap)
+    return series
+
+
+def gap_curves(events: Sequence[Record], true: Sequence[int], path: Path,
+               metrics: Sequence[Record] = ()) -> bool:
+    """g(alpha) per node over rounds, split tests marked; False, drawing nothing, if no data."""
     points = gap_points(events, true)
-    if not points:
+    series = gap_series(metrics)
+    if not points and not series:
         return False
     fig, ax = plt.subplots(figsize=(7, 4))
+    for node, (rounds, gaps) in sorted(series.items()):
+        ax.plot(rounds, gaps, color=_node_colour(node), lw=1)
     for node in sorted({p["node"] for p in points}):
         mine = [p for p in points if p["node"] == node]
         colour = _node_colour(node)
-        if len(mine) > 1:
+        if len(mine) > 1 and node not in series:
             ax.plot([p["round"] for p in mine], [p["gap"] for p in mine], color=colour, lw=1)
         for p in mine:
             ax.scatter(p["round"], p["gap"], color=colour, zorder=3, s=40,
@@ -237,7 +252,7 @@ def gap_curves(events: Sequence[Record], true: Sequence[int], path: Path) -> boo
     ax.axhline(0, color="black", lw=0.8)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
     ax.set(xlabel="round", ylabel="g(α) = α_intra_min − α_cross_max",
-           title="Separation gap at each split test (labels: node id)")
+           title="Separation gap per cluster over rounds; markers: split tests (node id)")
     ax.title.set_fontsize(10)
     ax.legend(handles=[
         Line2D([], [], color="grey", marker="o", ls="", label="split"),
@@ -391,8 +406,8 @@ def cfl_section(folder: Path, summary: Record, metrics: Sequence[Record]) -> lis
         (folder / IMAGES["similarity"]).unlink(missing_ok=True)  # no stale figure
     norm_curves(metrics, events, folder / IMAGES["norms"])
     lines += ["### Update norms per cluster (Fig. 7)", "", f"![norms]({IMAGES['norms']})", ""]
-    lines += ["### Separation gap at each split test", ""]
-    if gap_curves(events, true, folder / IMAGES["gap"]):
+    lines += ["### Separation gap over rounds", ""]
+    if gap_curves(events, true, folder / IMAGES["gap"], metrics):
         lines += [f"![gap]({IMAGES['gap']})", ""]
     else:
         (folder / IMAGES["gap"]).unlink(missing_ok=True)
