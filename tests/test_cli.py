@@ -116,7 +116,9 @@ def test_killed_run_resumes_to_the_uninterrupted_summary(capsys, tmp_path):
     args = ["quickstart", "scenario.clients=8", "train.rounds=8", "run.checkpoint_every=1",
             "run.progress=false", "train.participation=0.5"]
     whole, broken = tmp_path / "whole", tmp_path / "broken"
-    assert cli(capsys, "run", *args, "--out", str(whole))[0] == 0
+    # Every run in its own process, so none inherits this process's torch settings.
+    done = _cli_process("run", *args, "--out", str(whole))
+    assert done.wait(timeout=300) == 0, done.communicate()[1][-500:]
     proc = _cli_process("run", *args, "--out", str(broken))
     metrics = broken / "metrics.jsonl"
     deadline = time.time() + 120
@@ -131,8 +133,8 @@ def test_killed_run_resumes_to_the_uninterrupted_summary(capsys, tmp_path):
     assert not (broken / "summary.json").exists()
     done = len(metrics.read_text().splitlines())
     assert 3 <= done < 8
-    code, out, err = cli(capsys, "run", "--resume", str(broken))
-    assert code == 0, err
+    resumed = _cli_process("run", "--resume", str(broken))
+    assert resumed.wait(timeout=300) == 0, resumed.communicate()[1][-500:]
     a = json.loads((whole / "summary.json").read_text())
     b = json.loads((broken / "summary.json").read_text())
     assert comparable(a) == comparable(b)

@@ -117,3 +117,10 @@ def test_best_of_path_without_a_tree_is_the_cluster_protocol():
     best = Simulation(tiny_config("fedavg", eval={"protocol": "best_of_path", **base})).run()
     plain = Simulation(tiny_config("fedavg", eval={"protocol": "cluster", **base})).run()
     assert best["final"]["per_client_accuracy"] == plain["final"]["per_client_accuracy"]
+
+
+def test_run_threads_setting_does_not_outlive_the_run():
+    import torch
+    before = torch.get_num_threads()
+    Simulation(tiny_config("fedavg", train={"rounds": 1}, run={"threads": 1})).run()
+    assert torch.get_num_threads() == before

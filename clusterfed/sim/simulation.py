@@ -168,6 +168,7 @@ class Simulation:
             log.info("resuming from round %d", start)
         elif self.folder is not None:
             self.folder.start(self.config)
+        threads_before = torch.get_num_threads()
         if self.config["run"]["threads"]:
             torch.set_num_threads(int(self.config["run"]["threads"]))
 
@@ -205,6 +206,7 @@ class Simulation:
                     break
         finally:
             bar.close()
+            torch.set_num_threads(threads_before)   # the setting is this run's, not the process's
         self.state = state
         summary = self._summary(state, record, elapsed + time.perf_counter() - began)
         if self.folder is not None:
