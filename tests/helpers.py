@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from clusterfed import config as cfg
+from clusterfed.cli import entry
 
 
 def tiny_config(algorithm: str = "fedavg", **sections: dict[str, Any]) -> dict[str, Any]:
@@ -25,3 +26,14 @@ def tiny_config(algorithm: str = "fedavg", **sections: dict[str, Any]) -> dict[s
 def comparable(summary: dict[str, Any]) -> dict[str, Any]:
     """A summary without its wall-clock time."""
     return {k: v for k, v in summary.items() if k != "wall_seconds"}
+
+
+def cli(capsys: Any, *argv: str) -> tuple[int, str, str]:
+    """Run the command line in-process: (exit code, stdout, stderr)."""
+    try:
+        entry(list(argv))
+        code = 0
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err

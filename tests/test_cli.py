@@ -11,21 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import comparable
-
-from clusterfed.cli import entry
+from helpers import cli, comparable
 
 SMALL = ["scenario.clients=8", "train.rounds=2", "run.progress=false"]
 
 
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        entry(list(argv))
-        code = 0
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_presets_lists_quickstart(capsys):

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from helpers import cli
 
-from clusterfed.cli import entry
 from clusterfed.data.describe import (
     clients_per_cluster,
     compact_histogram,
@@ -84,14 +84,6 @@ def test_heatmap_of_a_large_vocabulary(tmp_path: Path) -> None:
     assert (tmp_path / "h.png").stat().st_size > 1000
 
 
-def cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
-    try:
-        entry(list(argv))
-        code = 0
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_cli_describe_digits(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:

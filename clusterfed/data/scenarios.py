@@ -883,6 +883,17 @@ def _group_pools(dataset: Dataset, assign: Assignment, groups: Sequence[int] | N
     return pools, info
 
 
+def _grouped(dataset: Dataset, assign: Assignment, rng: np.random.Generator,
+             groups: Sequence[int] | None, labels: Mapping[str, Any] | None, kind: str, *,
+             labels_as_groups: bool) -> ScenarioPlan:
+    """Cluster j draws from pool `groups[j]` (a source dataset, a topic), untransformed."""
+    partition, spec = label_partition(labels)
+    pools, info = _group_pools(dataset, assign, groups, kind, labels_as_groups=labels_as_groups)
+    train, test, more = fill(dataset, assign, rng, pools, partition)
+    return _plan(assign, train, test, lambda _: Identity(), {**more, **info,
+                                                              **_labels_info(spec)})
+
+
 @SCENARIOS.register("mix")
 def mix(dataset: Dataset, *, assign: Assignment, rng: np.random.Generator,
         groups: Sequence[int] | None = None, labels: Mapping[str, Any] | None = None
@@ -894,11 +905,7 @@ def mix(dataset: Dataset, *, assign: Assignment, rng: np.random.Generator,
     its test set, the source's whole test split, is `test: all`; its client counts
     14/32/26/28 are `clients_per_cluster`.
     """
-    partition, spec = label_partition(labels)
-    pools, info = _group_pools(dataset, assign, groups, "mix", labels_as_groups=False)
-    train, test, more = fill(dataset, assign, rng, pools, partition)
-    return _plan(assign, train, test, lambda _: Identity(), {**more, **info,
-                                                              **_labels_info(spec)})
+    return _grouped(dataset, assign, rng, groups, labels, "mix", labels_as_groups=False)
 
 
 @SCENARIOS.register("topics")
@@ -909,11 +916,7 @@ def topics(dataset: Dataset, *, assign: Assignment, rng: np.random.Generator,
 
     Topics are the dataset's groups, or its class labels where it has none.
     """
-    partition, spec = label_partition(labels)
-    pools, info = _group_pools(dataset, assign, groups, "topics", labels_as_groups=True)
-    train, test, more = fill(dataset, assign, rng, pools, partition)
-    return _plan(assign, train, test, lambda _: Identity(), {**more, **info,
-                                                              **_labels_info(spec)})
+    return _grouped(dataset, assign, rng, groups, labels, "topics", labels_as_groups=True)
 
 
 @SCENARIOS.register("writers")
