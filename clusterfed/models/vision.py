@@ -25,6 +25,21 @@ def _flat_features(name: str, features: nn.Module, shape: tuple[int, int, int]) 
         raise ConfigError(f"model {name} cannot take inputs shaped {shape}: {exc}") from exc
 
 
+def _two_conv_pool(name: str, input_shape: tuple[int, ...], channels: tuple[int, int],
+                   padding: int = 0) -> tuple[nn.Sequential, int]:
+    """Two 5x5 conv-ReLU-maxpool blocks and a flatten, and the width of what they put out.
+
+    The feature stack of LeNet-5, CFL's ConvNet and LCFL's two small CNNs.
+    """
+    shape = image_shape(name, input_shape)
+    features = nn.Sequential(
+        nn.Conv2d(shape[0], channels[0], 5, padding=padding), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(channels[0], channels[1], 5, padding=padding), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+    )
+    return features, _flat_features(name, features, shape)
+
+
 @MODELS.register("lenet5")
 def lenet5(input_shape: tuple[int, ...], n_classes: int) -> nn.Module:
     """PACFL's LeNet-5 (pacfl.md §4.4, Table 10; code `SimpleCNN` / `SimpleCNNMNIST`).
@@ -33,13 +48,7 @@ def lenet5(input_shape: tuple[int, ...], n_classes: int) -> nn.Module:
     is 400 on 3x32x32 and 256 on 1x28x28. Parameters: 62,006 on 3x32x32 with 10 classes (the
     count the spec pins); 44,426 on 1x28x28 (FMNIST); 64,556 with MIX-4's 40 outputs.
     """
-    shape = image_shape("lenet5", input_shape)
-    features = nn.Sequential(
-        nn.Conv2d(shape[0], 6, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(),
-    )
-    width = _flat_features("lenet5", features, shape)
+    features, width = _two_conv_pool("lenet5", input_shape, (6, 16))
     return nn.Sequential(
         features,
         nn.Linear(width, 120), nn.ReLU(),
@@ -56,14 +65,8 @@ def cfl_convnet(input_shape: tuple[int, ...], n_classes: int) -> nn.Module:
     straight to the classes: no hidden fc layer. Parameters: 18,506 on 1x28x28 with EMNIST
     byclass's 62 classes; 5,142 with 10 classes.
     """
-    shape = image_shape("cfl_convnet", input_shape)
-    features = nn.Sequential(
-        nn.Conv2d(shape[0], 6, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(),
-    )
-    return nn.Sequential(features, nn.Linear(_flat_features("cfl_convnet", features, shape),
-                                             n_classes))
+    features, width = _two_conv_pool("cfl_convnet", input_shape, (6, 16))
+    return nn.Sequential(features, nn.Linear(width, n_classes))
 
 
 @MODELS.register("cnn_femnist_tiny")
@@ -74,13 +77,7 @@ def cnn_femnist_tiny(input_shape: tuple[int, ...], n_classes: int) -> nn.Module:
     Parameters: 417,482 on 1x28x28 with 10 classes (the spec's count; LCFL's FEMNIST subset
     uses letters a-j, so 10 classes there too).
     """
-    shape = image_shape("cnn_femnist_tiny", input_shape)
-    features = nn.Sequential(
-        nn.Conv2d(shape[0], 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(),
-    )
-    width = _flat_features("cnn_femnist_tiny", features, shape)
+    features, width = _two_conv_pool("cnn_femnist_tiny", input_shape, (16, 32), padding=2)
     return nn.Sequential(features, nn.Linear(width, 256), nn.ReLU(), nn.Linear(256, n_classes))
 
 
@@ -91,13 +88,7 @@ def cnn_cifar_small(input_shape: tuple[int, ...], n_classes: int) -> nn.Module:
     5x5 conv 32, pool, 5x5 conv 84, pool (no padding; 84*5*5 = 2100), fc 256, fc n_classes.
     Parameters: 610,142 on 3x32x32 with 10 classes.
     """
-    shape = image_shape("cnn_cifar_small", input_shape)
-    features = nn.Sequential(
-        nn.Conv2d(shape[0], 32, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 84, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(),
-    )
-    width = _flat_features("cnn_cifar_small", features, shape)
+    features, width = _two_conv_pool("cnn_cifar_small", input_shape, (32, 84))
     return nn.Sequential(features, nn.Linear(width, 256), nn.ReLU(), nn.Linear(256, n_classes))
 
 
