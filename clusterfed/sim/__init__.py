@@ -1,11 +1,12 @@
 """The in-process runtime: sampling, executors, evaluation, checkpoints, run folders."""
 
-from clusterfed.sim.executor import SequentialExecutor
+from clusterfed.sim.executor import Executor, SequentialExecutor
 from clusterfed.sim.sampling import clients_per_round, sample_clients, task_seed
 from clusterfed.sim.simulation import Callback, Simulation, run_config
 
 __all__ = [
     "Callback",
+    "Executor",
     "SequentialExecutor",
     "Simulation",
     "clients_per_round",

@@ -8,10 +8,10 @@ import numpy as np
 
 from clusterfed.algorithms.base import ClusterView
 from clusterfed.clustering.metrics import clustering_scores
-from clusterfed.sim.executor import SequentialExecutor
+from clusterfed.sim.executor import Executor
 
 
-def evaluate_clients(executor: SequentialExecutor, view: ClusterView,
+def evaluate_clients(executor: Executor, view: ClusterView,
                      own_models: dict[int, np.ndarray] | None) -> np.ndarray:
     """(loss, accuracy) per client.
 
@@ -32,7 +32,7 @@ def evaluate_clients(executor: SequentialExecutor, view: ClusterView,
     return out
 
 
-def best_of_path(executor: SequentialExecutor, algorithm: Any, state: Any, view: ClusterView
+def best_of_path(executor: Executor, algorithm: Any, state: Any, view: ClusterView
                  ) -> tuple[np.ndarray, np.ndarray]:
     """Protocol 'best_of_path': each client's best model on its root-to-leaf path.
 

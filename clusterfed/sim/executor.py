@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -14,6 +15,18 @@ from clusterfed.client.work import evaluate, run_task
 from clusterfed.data.scenarios import Federation
 from clusterfed.models.flat import FlatModel
 from clusterfed.sim.sampling import task_seed
+
+
+class Executor(Protocol):
+    """Where client tasks run: this process (sequential, vectorised) or remote nodes (Flower)."""
+
+    def run(self, tasks: Sequence[ClientTask], round_index: int, step: int = 0
+            ) -> list[ClientResult]: ...
+
+    def evaluate(self, params: np.ndarray, clients: Sequence[int], split: str = "test"
+                 ) -> np.ndarray: ...
+
+    def train_sizes(self) -> np.ndarray: ...
 
 
 class SequentialExecutor:

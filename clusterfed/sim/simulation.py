@@ -23,7 +23,7 @@ from clusterfed.data import Federation, build_federation, load_dataset
 from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel, build_model
 from clusterfed.sim.evaluation import best_of_path, evaluate_clients, round_record
-from clusterfed.sim.executor import SequentialExecutor
+from clusterfed.sim.executor import Executor, SequentialExecutor
 from clusterfed.sim.outputs import RunFolder, read_config
 from clusterfed.sim.sampling import sample_clients
 
@@ -64,9 +64,12 @@ class Simulation:
 
     def __init__(self, config: Mapping[str, Any], out_dir: str | Path | None = None, *,
                  federation: Federation | None = None, data_dir: str | None = None,
-                 callbacks: Sequence[Callback] = (), module: torch.nn.Module | None = None
-                 ) -> None:
-        """`module`, if given, replaces the config's model; its current weights are the start."""
+                 callbacks: Sequence[Callback] = (), module: torch.nn.Module | None = None,
+                 executor: Executor | None = None) -> None:
+        """`module`, if given, replaces the config's model; its current weights are the start.
+
+        `executor`, if given, runs the client tasks instead of the in-process sequential one.
+        """
         self.config = cfg.resolve(config)
         self.folder = RunFolder(Path(out_dir)) if out_dir is not None else None
         self.federation = federation or build_federation_for(self.config, data_dir)
@@ -86,8 +89,9 @@ class Simulation:
             # The clients' shared secret: given, or derived from the seed; never in Setup.
             secret = run["privacy_seed"] if run["privacy_seed"] is not None else seed + 0x5EC
             transform = ParameterTransform.from_seed(run["privacy"], secret, self.model.size)
-        self.executor = SequentialExecutor(self.model, self.federation, seed, transform,
-                                           self.config["eval"]["validation_fraction"])
+        self.executor: Executor = executor or SequentialExecutor(
+            self.model, self.federation, seed, transform,
+            self.config["eval"]["validation_fraction"])
         initial = self.model.initial_vector().numpy()
         self.setup = Setup(self.federation.num_clients,
                            initial if transform is None else transform.forward(initial),
@@ -248,11 +252,11 @@ class Simulation:
 
 def run_config(config: Mapping[str, Any], out_dir: str | Path | None = None, *,
                data_dir: str | None = None, callbacks: Sequence[Callback] = (),
-               federation: Federation | None = None, module: torch.nn.Module | None = None
-               ) -> dict[str, Any]:
+               federation: Federation | None = None, module: torch.nn.Module | None = None,
+               executor: Executor | None = None) -> dict[str, Any]:
     """Run one configuration from scratch; returns its summary."""
     sim = Simulation(config, out_dir, federation=federation, data_dir=data_dir,
-                     callbacks=callbacks, module=module)
+                     callbacks=callbacks, module=module, executor=executor)
     return sim.run()
 
 
