@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import comparable, tiny_config
 
 from clusterfed import state as st
 from clusterfed.algorithms import ALGORITHMS, RoundContext, Setup, build_algorithm
@@ -336,3 +336,12 @@ def test_baselines_are_registered_and_make_no_clustering_claim(name):
 def test_bad_options_raise(options):
     with pytest.raises(ConfigError):
         build_algorithm(options)
+
+
+@pytest.mark.parametrize("name", ["fedprox", "scaffold", "fedavg_ft"])
+def test_privacy_transform_is_invisible(name):
+    """SCAFFOLD's correction and test-time fine-tuning cross the privacy transform correctly."""
+    plain = Simulation(tiny_config(name, train={"rounds": 2}))
+    private = Simulation(tiny_config(name, train={"rounds": 2},
+                                     run={"privacy": "signed_permutation", "privacy_seed": 5}))
+    assert comparable(plain.run()) == comparable(private.run())
