@@ -322,6 +322,9 @@ def test_per_fedavg_personalises_with_one_step_of_alpha():
     assert records[-1]["served_mean_accuracy"] != records[-1]["mean_accuracy"]
     assert build_algorithm({"name": "per_fedavg", "personal_steps": 0}).adaptation(
         None, spec) is None
+    # Under protocol 'local' the client is tested the same way: personalised from the global.
+    local = Simulation(tiny_config("per_fedavg", train={"rounds": 2}, eval={"protocol": "local"}))
+    assert local.run()["final"] == summary["final"]
 
 
 @pytest.mark.parametrize("name", BASELINES)

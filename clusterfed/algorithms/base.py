@@ -69,7 +69,8 @@ class Algorithm(Protocol[S]):
     Optional: `adaptation(state, train) -> TrainSpec | None`. Given the round's TrainSpec, it
     returns the local training each client does on its served model before it is tested
     (test-time fine-tuning: FedAvg-FT, Per-FedAvg's one-step personalisation). The runtime runs
-    it as a TRAIN task at evaluation only; the algorithm's state never sees its result.
+    it as a TRAIN task at evaluation only, under the protocols 'cluster' and 'local' alike
+    (the adapted served model replaces the client's own model); the state never sees it.
     """
 
     toy_mixture_options: ClassVar[Mapping[str, Any] | None]

@@ -230,7 +230,9 @@ class Simulation:
         true = self.federation.true_clusters
         adaptation = getattr(self.algorithm, "adaptation", None)
         spec = None
-        if adaptation is not None and self.config["eval"]["protocol"] == "cluster":
+        # An algorithm's own test-time adaptation replaces the 'cluster' and 'local' protocols'
+        # models; 'best_of_path' chooses among path models and is left as it is.
+        if adaptation is not None and self.config["eval"]["protocol"] != "best_of_path":
             spec = adaptation(state, self.spec.decayed(float(self.config["train"]["lr_decay"]),
                                                        r))
         if spec is not None:
