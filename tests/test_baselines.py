@@ -119,13 +119,14 @@ def test_per_fedavg_meta_steps_by_hand(linear, variant):
     wn, xn, yn = *numpy_of(w0, x), y.numpy()
     w, losses = wn.copy(), []
     for _ in range(2):
-        losses.append(cross_entropy(w, xn, yn, 4))
-        g = grad(w - alpha * grad(w, xn, yn, 4), xn, yn, 4)   # grad f(w~) at w~ = w - a grad f(w)
+        inner = w - alpha * grad(w, xn, yn, 4)                # w~ = w - alpha grad f(w)
+        losses.append(cross_entropy(inner, xn, yn, 4))
+        g = grad(inner, xn, yn, 4)
         if variant == "hf":
             g = g - alpha * hvp(w, g, xn, yn, 4)              # (I - alpha H) grad f(w~)
         w = w - beta * g
     np.testing.assert_allclose(wn + update.numpy(), w, rtol=1e-4, atol=2e-5)
-    # The loss reported is the mean over meta steps of the loss at w on the first batch.
+    # The loss reported is the meta-objective's: the mean of f(w~) over meta steps.
     assert loss == pytest.approx(np.mean(losses), rel=1e-5)
     # FO and HF differ by the Hessian term: not the same update.
     other = LocalObjective(maml="hf" if variant == "fo" else "fo", maml_alpha=alpha)

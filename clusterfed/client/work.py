@@ -106,13 +106,13 @@ def meta_gradient(model: FlatModel, w: torch.Tensor, batches: Iterator[torch.Ten
     Batch D: w~ = w - alpha grad f(w, D). Batch D': g = grad f(w~, D'). 'fo' returns g;
     'hf' returns g - alpha d, d = [grad f(w + delta g, D'') - grad f(w - delta g, D'')] / (2 delta)
     on a third batch D'', the Hessian-free estimate of the Hessian-vector product (their Eq. 10).
-    Returns the meta-gradient and the loss at w on D.
+    Returns the meta-gradient and the meta-objective's sample, the loss at w~ on D'.
     """
     alpha = objective.maml_alpha
     idx = next(batches)
-    inner, loss = loss_and_grad(model, w, x[idx], y[idx])
+    inner, _ = loss_and_grad(model, w, x[idx], y[idx])
     idx = next(batches)
-    g, _ = loss_and_grad(model, w - alpha * inner, x[idx], y[idx])
+    g, loss = loss_and_grad(model, w - alpha * inner, x[idx], y[idx])
     if objective.maml == "fo":
         return g, loss
     idx = next(batches)
@@ -129,7 +129,8 @@ def meta_train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch
 
     Each meta step draws its two ('fo') or three ('hf') batches from one stream of epochs.
     The spec's lr is the outer step beta; clipping, weight decay and momentum act on the
-    meta-gradient as on a gradient in `train`. Returns (new - old parameters, mean loss).
+    meta-gradient as on a gradient in `train`. Returns (new - old parameters, the mean loss
+    after the inner step, which is what Per-FedAvg minimises).
     """
     batches = batch_stream(len(y), spec.batch_size, generator)
     w = params.detach().clone()
