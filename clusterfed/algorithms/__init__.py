@@ -1,7 +1,17 @@
 """Server logic only: each algorithm plans client tasks and updates an explicit state."""
 
 # Importing the modules registers the algorithms.
-from clusterfed.algorithms import cfl, fedavg, local  # noqa: E402,F401,I001
+from clusterfed.algorithms import (  # noqa: E402,F401,I001
+    cfl,
+    fedavg,
+    fedavg_ft,
+    fednova,
+    fedprox,
+    lg_fedavg,
+    local,
+    per_fedavg,
+    scaffold,
+)
 from clusterfed.algorithms.base import (
     ALGORITHMS,
     Algorithm,

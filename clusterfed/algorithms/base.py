@@ -23,6 +23,9 @@ class Setup:
     initial_params: np.ndarray  # flat float32
     num_samples: np.ndarray     # training samples per client
     seed: int
+    # The flat vector's layout, (name, shape) per parameter tensor in order, for methods that
+    # treat layers differently (LG-FedAvg); None where the runtime hides it (run.privacy).
+    layout: tuple[tuple[str, tuple[int, ...]], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,12 @@ class Algorithm(Protocol[S]):
     A clustered method sets the class attribute `toy_mixture_options` to the options with which
     it claims to recover the true clusters of the contract suite's toy mixture (digits with
     label swap, 4 clusters); the suite then checks that claim.
+
+    Optional: `adaptation(state, train) -> TrainSpec | None`. Given the round's TrainSpec, it
+    returns the local training each client does on its served model before it is tested
+    (test-time fine-tuning: FedAvg-FT, Per-FedAvg's one-step personalisation). The runtime runs
+    it as a TRAIN task at evaluation only, under the protocols 'cluster' and 'local' alike
+    (the adapted served model replaces the client's own model); the state never sees it.
     """
 
     toy_mixture_options: ClassVar[Mapping[str, Any] | None]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -57,12 +57,55 @@ class TrainSpec:
         return replace(self, lr=self.lr * decay**round_index)
 
 
+MAML_VARIANTS = ("fo", "hf")
+
+
+@dataclass(frozen=True)
+class LocalObjective:
+    """What an algorithm changes in a TRAIN task's local SGD; a task without one is plain SGD.
+
+    prox_mu: FedProx's proximal term (mu/2)||w - w_start||^2, w_start the parameters received.
+    correction: SCAFFOLD's c - c_i (flat, like the parameters), added to every step's direction
+        after momentum, so that it moves the weights by exactly lr * correction per step.
+    maml: Per-FedAvg's meta step, 'fo' (first order) or 'hf' (Hessian-free); each local step
+        is then w <- w - lr * meta-gradient with inner step size `maml_alpha`, and the
+        Hessian-vector product of 'hf' is a central difference of step `maml_delta`.
+    Runtimes that batch plain SGD (a vectorised executor) run tasks with an objective one by one.
+    """
+
+    prox_mu: float = 0.0
+    correction: np.ndarray | None = None
+    maml: str | None = None
+    maml_alpha: float = 0.01
+    maml_delta: float = 1e-3
+
+    def __post_init__(self) -> None:
+        if not self.prox_mu >= 0 or not math.isfinite(self.prox_mu):
+            raise ConfigError(f"the proximal term mu must be >= 0, got {self.prox_mu}")
+        if self.maml is not None:
+            if self.maml not in MAML_VARIANTS:
+                raise ConfigError(f"maml variant must be one of {MAML_VARIANTS}, "
+                                  f"got {self.maml!r}")
+            if self.prox_mu or self.correction is not None:
+                raise ConfigError("a MAML step takes no proximal term or correction")
+        if not self.maml_alpha > 0 or not self.maml_delta > 0:
+            raise ConfigError("maml_alpha and maml_delta must be positive")
+
+    def map_vectors(self, fn: Callable[[np.ndarray], np.ndarray]) -> LocalObjective:
+        """The same objective with its parameter-space vectors mapped by `fn` (privacy)."""
+        if self.correction is None:
+            return self
+        return replace(self, correction=fn(self.correction))
+
+
 @dataclass(frozen=True)
 class ClientTask:
     """One unit of work for one client.
 
     `params` is one flat model (1-D) or several stacked (2-D: models x parameters).
-    `meta` is the algorithm's own bookkeeping (such as a cluster id), returned untouched.
+    `meta` is the algorithm's own bookkeeping (such as a cluster id), returned untouched
+    (a TRAIN result adds "local_steps", the number of SGD or meta steps it took).
+    `objective`, for TRAIN only: None is plain SGD on the loss; see LocalObjective.
     """
 
     client: int
@@ -70,6 +113,7 @@ class ClientTask:
     params: np.ndarray
     train: TrainSpec | None = None
     meta: Mapping[str, int | float | str] = field(default_factory=dict)
+    objective: LocalObjective | None = None
 
 
 @dataclass(frozen=True)

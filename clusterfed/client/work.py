@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind, TrainSpec
+from clusterfed.client.tasks import (
+    ClientResult,
+    ClientTask,
+    LocalObjective,
+    TaskKind,
+    TrainSpec,
+)
 from clusterfed.models.flat import FlatModel
 
 # Targets per evaluation chunk: 1000 images, or fewer sequences when each has many tokens.
@@ -29,11 +36,18 @@ def chunk_rows(y: torch.Tensor) -> int:
 
 
 def train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-          spec: TrainSpec, generator: torch.Generator) -> tuple[torch.Tensor, float]:
+          spec: TrainSpec, generator: torch.Generator, objective: LocalObjective | None = None
+          ) -> tuple[torch.Tensor, float]:
     """Local mini-batch SGD from `params`; returns (new - old parameters, mean batch loss).
 
     Each epoch visits a fresh permutation in batches of `batch_size`, the last one partial.
+    `objective` adds FedProx's proximal gradient mu (w - params) to each step's gradient and
+    SCAFFOLD's correction to each step's direction (after momentum); the loss reported is the
+    data loss alone. Per-FedAvg's MAML steps are `meta_train`'s.
     """
+    mu = objective.prox_mu if objective is not None else 0.0
+    correction = (torch.as_tensor(objective.correction)
+                  if objective is not None and objective.correction is not None else None)
     n = len(y)
     batch = min(spec.batch_size, n)
     per_epoch = math.ceil(n / batch)
@@ -53,11 +67,87 @@ def train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tens
             grad = clip_by_norm(grad, spec.clip_grad_norm)
         if spec.weight_decay:
             grad = grad.add(w, alpha=spec.weight_decay)
+        if mu:
+            grad = grad + mu * (w - params)
         if spec.momentum:
             velocity = grad if velocity is None else velocity.mul_(spec.momentum).add_(grad)
             grad = velocity
+        if correction is not None:
+            grad = grad + correction
         w.add_(grad, alpha=-spec.lr)
         total += loss.detach().item()
+    return w - params, total / steps
+
+
+def batch_stream(n: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    """Mini-batch indices, endlessly: each epoch a fresh permutation, the last batch partial
+    (the order `train` uses)."""
+    batch = min(batch_size, n)
+    while True:
+        order = torch.randperm(n, generator=generator)
+        for start in range(0, n, batch):
+            yield order[start:start + batch]
+
+
+def loss_and_grad(model: FlatModel, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+                  ) -> tuple[torch.Tensor, float]:
+    """The gradient of the mean loss on (x, y) at `w`, and that loss."""
+    w = w.detach().requires_grad_(True)
+    loss = F.cross_entropy(model(w, x), y)
+    (grad,) = torch.autograd.grad(loss, w)
+    return grad, loss.detach().item()
+
+
+def meta_gradient(model: FlatModel, w: torch.Tensor, batches: Iterator[torch.Tensor],
+                  x: torch.Tensor, y: torch.Tensor, objective: LocalObjective
+                  ) -> tuple[torch.Tensor, float]:
+    """Per-FedAvg's stochastic gradient of F(w - alpha grad f(w)) (Fallah et al. 2020, Alg. 1).
+
+    Batch D: w~ = w - alpha grad f(w, D). Batch D': g = grad f(w~, D'). 'fo' returns g;
+    'hf' returns g - alpha d, d = [grad f(w + delta g, D'') - grad f(w - delta g, D'')] / (2 delta)
+    on a third batch D'', the Hessian-free estimate of the Hessian-vector product (their Eq. 10).
+    Returns the meta-gradient and the meta-objective's sample, the loss at w~ on D'.
+    """
+    alpha = objective.maml_alpha
+    idx = next(batches)
+    inner, _ = loss_and_grad(model, w, x[idx], y[idx])
+    idx = next(batches)
+    g, loss = loss_and_grad(model, w - alpha * inner, x[idx], y[idx])
+    if objective.maml == "fo":
+        return g, loss
+    idx = next(batches)
+    delta = objective.maml_delta
+    plus, _ = loss_and_grad(model, w + delta * g, x[idx], y[idx])
+    minus, _ = loss_and_grad(model, w - delta * g, x[idx], y[idx])
+    return g - alpha * (plus - minus) / (2 * delta), loss
+
+
+def meta_train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+               spec: TrainSpec, generator: torch.Generator, objective: LocalObjective
+               ) -> tuple[torch.Tensor, float]:
+    """Per-FedAvg's local steps: `spec.num_steps(n)` meta steps w <- w - lr * meta-gradient.
+
+    Each meta step draws its two ('fo') or three ('hf') batches from one stream of epochs.
+    The spec's lr is the outer step beta; clipping, weight decay and momentum act on the
+    meta-gradient as on a gradient in `train`. Returns (new - old parameters, the mean loss
+    after the inner step, which is what Per-FedAvg minimises).
+    """
+    batches = batch_stream(len(y), spec.batch_size, generator)
+    w = params.detach().clone()
+    velocity: torch.Tensor | None = None
+    total = 0.0
+    steps = spec.num_steps(len(y))
+    for _ in range(steps):
+        grad, loss = meta_gradient(model, w, batches, x, y, objective)
+        if spec.clip_grad_norm:
+            grad = clip_by_norm(grad, spec.clip_grad_norm)
+        if spec.weight_decay:
+            grad = grad.add(w, alpha=spec.weight_decay)
+        if spec.momentum:
+            velocity = grad if velocity is None else velocity.mul_(spec.momentum).add_(grad)
+            grad = velocity
+        w = w - spec.lr * grad
+        total += loss
     return w - params, total / steps
 
 
@@ -113,9 +203,13 @@ def run_task(model: FlatModel, task: ClientTask, train_xy: tuple[torch.Tensor, t
     if task.kind is TaskKind.TRAIN:
         if task.train is None:
             raise ValueError("a train task needs a TrainSpec")
-        update, loss = train(model, params, x, y, task.train, generator)
+        objective = task.objective
+        if objective is not None and objective.maml is not None:
+            update, loss = meta_train(model, params, x, y, task.train, generator, objective)
+        else:
+            update, loss = train(model, params, x, y, task.train, generator, objective)
         return ClientResult(task.client, task.kind, len(y), update=update.numpy(), loss=loss,
-                            meta=task.meta)
+                            meta={**task.meta, "local_steps": task.train.num_steps(len(y))})
     if task.kind is TaskKind.GRADIENT:
         grad, loss = gradient(model, params, x, y)
         return ClientResult(task.client, task.kind, len(y), update=grad.numpy(), loss=loss,

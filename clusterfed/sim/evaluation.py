@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
 
 from clusterfed.algorithms.base import ClusterView
+from clusterfed.client.tasks import ClientTask, TaskKind, TrainSpec
 from clusterfed.clustering.metrics import clustering_scores
 from clusterfed.sim.executor import Executor
+
+log = logging.getLogger("clusterfed")
 
 
 def evaluate_clients(executor: Executor, view: ClusterView,
@@ -29,6 +33,33 @@ def evaluate_clients(executor: Executor, view: ClusterView,
             out[members] = executor.evaluate(view.models[k], members)
     for c, params in own_models.items():
         out[c] = executor.evaluate(params, [c])[0]
+    return out
+
+
+# The (round, step) seed slot of test-time adaptation: far from any algorithm's sub-steps.
+ADAPTATION_STEP = 2**31 - 1
+
+
+def evaluate_adapted(executor: Executor, view: ClusterView, spec: TrainSpec, round_index: int
+                     ) -> np.ndarray:
+    """(loss, accuracy) per client of its served model after `spec`'s local training.
+
+    The training runs as TRAIN tasks (batch order seeded by round and client, so a resumed run
+    gives the same figures); a client whose result is not finite is tested unadapted.
+    """
+    n = len(view.assignment)
+    tasks = [ClientTask(c, TaskKind.TRAIN, view.models[view.assignment[c]], spec)
+             for c in range(n)]
+    out = np.zeros((n, 2))
+    for task, result in zip(tasks, executor.run(tasks, round_index, ADAPTATION_STEP),
+                            strict=True):
+        params = task.params
+        if result.is_finite() and result.update is not None:
+            params = (params + result.update).astype(np.float32)
+        else:
+            log.warning("client %d: test-time adaptation gave non-finite values; tested "
+                        "unadapted", task.client)
+        out[task.client] = executor.evaluate(params, [task.client])[0]
     return out
 
 

@@ -62,7 +62,9 @@ class SequentialExecutor:
                 results.append(run_task(self.model, task, self.train[task.client],
                                         self.test[task.client], generator))
                 continue
-            plain = replace(task, params=self.transform.inverse(task.params))
+            plain = replace(task, params=self.transform.inverse(task.params),
+                            objective=task.objective and task.objective.map_vectors(
+                                self.transform.inverse))
             result = run_task(self.model, plain, self.train[task.client],
                               self.test[task.client], generator)
             if result.update is not None:

@@ -22,7 +22,12 @@ from clusterfed.clustering.metrics import clustering_scores
 from clusterfed.data import Federation, build_federation, load_dataset
 from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel, build_model
-from clusterfed.sim.evaluation import best_of_path, evaluate_clients, round_record
+from clusterfed.sim.evaluation import (
+    best_of_path,
+    evaluate_adapted,
+    evaluate_clients,
+    round_record,
+)
 from clusterfed.sim.executor import Executor, SequentialExecutor
 from clusterfed.sim.outputs import RunFolder, read_config
 from clusterfed.sim.sampling import sample_clients
@@ -93,9 +98,12 @@ class Simulation:
             self.model, self.federation, seed, transform,
             self.config["eval"]["validation_fraction"])
         initial = self.model.initial_vector().numpy()
+        # The layout is hidden under the privacy transform: coordinates are permuted there.
+        layout = None if transform is not None else tuple(
+            (n, tuple(s)) for n, s in zip(self.model.names, self.model.shapes, strict=True))
         self.setup = Setup(self.federation.num_clients,
                            initial if transform is None else transform.forward(initial),
-                           self.executor.train_sizes(), seed)
+                           self.executor.train_sizes(), seed, layout)
         # Protocol 'local' evaluates each client's own last trained model, kept here.
         self.own_models: dict[int, np.ndarray] | None = (
             {} if self.config["eval"]["protocol"] == "local" else None)
@@ -191,7 +199,7 @@ class Simulation:
                                    "assignment": view.assignment.tolist()})
                     last_assignment = view.assignment.copy()
                 if (r + 1) % every == 0 or r + 1 == rounds:
-                    record.update(self._evaluate(state, view))
+                    record.update(self._evaluate(state, view, r))
                     bar.set_postfix(acc=f"{record['mean_accuracy']:.3f}",
                                     clusters=record["n_clusters"])
                 bar.update(1)
@@ -217,9 +225,22 @@ class Simulation:
             self.folder.write_summary(summary)
         return summary
 
-    def _evaluate(self, state: Any, view: ClusterView) -> dict[str, Any]:
-        """The evaluation protocol's per-client figures, as one metrics record."""
+    def _evaluate(self, state: Any, view: ClusterView, r: int) -> dict[str, Any]:
+        """The evaluation protocol's per-client figures, as one metrics record (after round r)."""
         true = self.federation.true_clusters
+        adaptation = getattr(self.algorithm, "adaptation", None)
+        spec = None
+        # An algorithm's own test-time adaptation replaces the 'cluster' and 'local' protocols'
+        # models; 'best_of_path' chooses among path models and is left as it is.
+        if adaptation is not None and self.config["eval"]["protocol"] != "best_of_path":
+            spec = adaptation(state, self.spec.decayed(float(self.config["train"]["lr_decay"]),
+                                                       r))
+        if spec is not None:
+            # Test-time adaptation: each client fine-tunes its served model, then is tested.
+            served = evaluate_clients(self.executor, view, None)
+            record = round_record(evaluate_adapted(self.executor, view, spec, r), view, true)
+            record["served_mean_accuracy"] = float(served[:, 1].mean())
+            return record
         if self.config["eval"]["protocol"] != "best_of_path":
             return round_record(evaluate_clients(self.executor, view, self.own_models), view,
                                 true)
@@ -234,7 +255,7 @@ class Simulation:
         view = self.algorithm.clusters(state)
         true = self.federation.true_clusters
         if "per_client_accuracy" not in last:   # stopped between evaluations
-            last = self._evaluate(state, view)
+            last = self._evaluate(state, view, int(last.get("round", 1)) - 1)
         return {
             "algorithm": self.config["algorithm"]["name"],
             "rounds": int(last.get("round", self.config["train"]["rounds"])),
