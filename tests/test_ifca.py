@@ -190,6 +190,18 @@ def test_identical_initialisation_sends_everyone_to_cluster_0_and_distinct_recov
     assert apart["final"]["mean_accuracy"] > same["final"]["mean_accuracy"]
 
 
+@pytest.mark.parametrize("name, clients", [("ifca-rotmnist-small", 40), ("ifca-rotmnist", 2400)])
+def test_rotated_mnist_presets_are_the_papers_setting(name, clients):
+    config = cfg.resolve(name)
+    algo = build_algorithm(config["algorithm"])
+    assert isinstance(algo, IFCA) and algo.k == config["scenario"]["clusters"] == 4
+    assert algo.initialisation == "random" and algo.aggregate == "models"
+    assert config["scenario"]["clients"] == clients and config["scenario"]["replicate"]
+    assert config["scenario"]["samples_per_client"] == config["train"]["batch_size"] == 100
+    assert config["model"] == {"name": "mlp", "hidden": 200}
+    assert {"fedavg", "ifca"} <= set(config["compare"]["algorithms"])
+
+
 @pytest.mark.reproduction
 @pytest.mark.shared_data
 def test_rotated_mnist_small_recovers_the_rotations_and_beats_fedavg(shared_data):
