@@ -15,6 +15,8 @@ from clusterfed.algorithms.ifca import IFCA, IFCAState, served_clusters
 from clusterfed.client import ClientResult, TaskKind, TrainSpec
 from clusterfed.config import merge
 from clusterfed.errors import ConfigError
+from clusterfed.report.ifca_plots import choice_matrix
+from clusterfed.report.pages import write_report
 from clusterfed.sim.simulation import Simulation, run_config
 
 SPEC = TrainSpec(lr=0.1, batch_size=10)
@@ -188,6 +190,23 @@ def test_identical_initialisation_sends_everyone_to_cluster_0_and_distinct_recov
     apart = rotated_digits("random")
     assert apart["clustering"]["ari"] == 1.0
     assert apart["final"]["mean_accuracy"] > same["final"]["mean_accuracy"]
+
+
+def test_the_report_reads_each_clients_choice_per_round():
+    events = [{"round": 1, "type": "ifca_choices", "clients": [0, 2], "clusters": [1, 0]},
+              {"round": 1, "type": "assignment", "assignment": [1, 0, 0]},
+              {"round": 2, "type": "ifca_choices", "clients": [1], "clusters": [2]}]
+    matrix, rounds = choice_matrix(events, 3)
+    assert rounds.tolist() == [1, 2]
+    assert matrix.tolist() == [[1, -1, 0], [-1, 2, -1]]
+
+
+def test_a_run_report_has_the_ifca_section(tmp_path):
+    run_config(merge(tiny_config("ifca", train={"rounds": 2}),
+                     {"algorithm": {"name": "ifca", "k": 2}}), tmp_path)
+    text = write_report(tmp_path).read_text()
+    assert "## IFCA" in text and (tmp_path / "ifca_choices.png").stat().st_size > 0
+    assert (tmp_path / "ifca_ari.png").exists()
 
 
 @pytest.mark.parametrize("name, clients", [("ifca-rotmnist-small", 40), ("ifca-rotmnist", 2400)])
