@@ -128,7 +128,7 @@ def test_restarts_keep_the_set_with_the_lowest_loss():
     upd = algo.update(upd.state, ctx(1, [0, 1]), [losses_result(0, [1.0, 2.0, 0.9, 0.5], 10),
                                                   losses_result(1, [1.0, 2.0, 0.7, 0.8], 10)])
     np.testing.assert_array_equal(upd.state.models, before[1:])
-    assert upd.state.choice.tolist() == [[1, 0]]
+    assert upd.state.choice.tolist() == [[1, 0]] and upd.state.groups.shape == (1, 2)
     selected = [e for e in upd.events if e["type"] == "ifca_restart_selected"]
     assert selected and selected[0]["set"] == 1 and selected[0]["objective"] == [1.0, 0.6]
 

@@ -233,8 +233,11 @@ class IFCA:
             chosen_round[clients] = ctx.round
             state = replace(state, choice=choice, chosen_round=chosen_round)
             update = self._aggregate(state, ctx, results)
-            event = {"type": "ifca_choices", "warmup": True, "clients": clients.tolist(),
-                     "clusters": state.groups[0, clients].tolist()}
+            event: dict[str, Any] = {"type": "ifca_choices", "warmup": True,
+                                     "clients": clients.tolist(),
+                                     "clusters": state.groups[0, clients].tolist()}
+            if len(state.models) > 1:
+                event["candidate_clusters"] = state.groups[:, clients].tolist()
             sizes = np.bincount(state.groups[0, clients], minlength=self.k).tolist()
             return replace(update, events=[event],
                            metrics={"ifca": {"cluster_sizes": sizes, "warmup": True}})
@@ -266,7 +269,8 @@ class IFCA:
                            "objective": [round(float(v), 6) for v in objective]})
             state = replace(state, models=state.models[best:best + 1],
                             choice=state.choice[best:best + 1],
-                            objective=objective[best:best + 1])
+                            objective=objective[best:best + 1],
+                            groups=state.groups[best:best + 1])
             previous, ids = previous[best:best + 1], ids[:, best:best + 1]
         lead = _lead(state)
         event: dict[str, Any] = {"type": "ifca_choices", "clients": clients.tolist(),
