@@ -69,7 +69,7 @@ def test_compare_prints_table_and_writes_report(capsys, tmp_path):
     (["run", "quickstart", "train.participation=0"], "nothing is trained"),
     (["run", "quickstart", "scenario.clusters=6"], "needs 12 distinct labels"),
     (["run", "nope"], "unknown preset 'nope'"),
-    (["compare", "quickstart", "--algorithms", "fedavg,ifca"], "unknown algorithm 'ifca'"),
+    (["compare", "quickstart", "--algorithms", "fedavg,nosuch"], "unknown algorithm 'nosuch'"),
     (["run"], "give a preset name or a config file"),
     (["run", "quickstart", "--resume", "x"], "--resume continues a run"),
 ])

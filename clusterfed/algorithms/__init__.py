@@ -6,6 +6,7 @@ from clusterfed.algorithms import (  # noqa: E402,F401,I001
     fedavg,
     fedavg_ft,
     fednova,
+    ifca,
     fedprox,
     lg_fedavg,
     local,

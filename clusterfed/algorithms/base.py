@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -26,6 +26,12 @@ class Setup:
     # The flat vector's layout, (name, shape) per parameter tensor in order, for methods that
     # treat layers differently (LG-FedAvg); None where the runtime hides it (run.privacy).
     layout: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+    # Another initialisation of the same model by its own init scheme: draw i -> flat float32,
+    # a function of (seed, i), in the same parameter space as `initial_params` (draw 0 is
+    # `initial_params`). For methods that start several models apart (IFCA); None where the
+    # runtime cannot draw.
+    draw_initial: Callable[[int], np.ndarray] | None = field(default=None, compare=False,
+                                                             repr=False)
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -57,6 +58,23 @@ def initial_params(module: torch.nn.Module, seed: int) -> None:
                 m.reset_parameters()
 
 
+_DRAW_TAG = 0x1D2A
+
+
+def initial_draws(module: torch.nn.Module, seed: int, first: np.ndarray,
+                  transform: ParameterTransform | None) -> Callable[[int], np.ndarray]:
+    """Setup.draw_initial: draw i > 0 re-initialises a copy of `module` from (seed, i)."""
+    def draw(index: int) -> np.ndarray:
+        if index == 0:
+            return first.copy()
+        fresh = copy.deepcopy(module)
+        initial_params(fresh, int(np.random.SeedSequence([seed, index, _DRAW_TAG])
+                                  .generate_state(1)[0]))
+        vector = FlatModel(fresh).initial_vector().numpy()
+        return vector if transform is None else transform.forward(vector)
+    return draw
+
+
 def build_federation_for(config: Mapping[str, Any], data_dir: str | None = None) -> Federation:
     data = dict(config["data"])
     name, root = data.pop("dataset"), data.pop("root", None)
@@ -101,9 +119,9 @@ class Simulation:
         # The layout is hidden under the privacy transform: coordinates are permuted there.
         layout = None if transform is not None else tuple(
             (n, tuple(s)) for n, s in zip(self.model.names, self.model.shapes, strict=True))
-        self.setup = Setup(self.federation.num_clients,
-                           initial if transform is None else transform.forward(initial),
-                           self.executor.train_sizes(), seed, layout)
+        first = initial if transform is None else transform.forward(initial)
+        self.setup = Setup(self.federation.num_clients, first, self.executor.train_sizes(), seed,
+                           layout, draw_initial=initial_draws(module, seed, first, transform))
         # Protocol 'local' evaluates each client's own last trained model, kept here.
         self.own_models: dict[int, np.ndarray] | None = (
             {} if self.config["eval"]["protocol"] == "local" else None)
