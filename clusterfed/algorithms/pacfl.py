@@ -134,9 +134,15 @@ class PACFL:
 
     def plan(self, state: PACFLState, ctx: RoundContext) -> list[ClientTask]:
         signers = self._signers(state, ctx)
-        if signers:
-            meta = self._signature_meta(state)
-            return [ClientTask(c, TaskKind.SIGNATURE, NO_PARAMS, meta=meta) for c in signers]
+        meta = self._signature_meta(state)
+        signatures = [ClientTask(c, TaskKind.SIGNATURE, NO_PARAMS, meta=meta) for c in signers]
+        if len(state.models) == 0:
+            # Round 0: every cluster starts from theta_0 (Alg. 1 line 12), so the sampled
+            # clients train it while the signatures are clustered, in the same step.
+            return signatures + [ClientTask(c, TaskKind.TRAIN, state.initial, ctx.train)
+                                 for c in ctx.sampled.tolist() if c not in self.newcomer_set]
+        if signatures:   # newcomers arrive: their clusters first, training in the next step
+            return signatures
         joining = ctx.round == self.join_round and bool(self.newcomer_set)
         tasks = []
         for c in ctx.sampled.tolist():
@@ -158,11 +164,15 @@ class PACFL:
                ) -> Update:
         signed = sorted((r for r in results if r.kind is TaskKind.SIGNATURE),
                         key=lambda r: r.client)
-        if signed:
-            if len(state.models) == 0:
-                return self._cluster(state, signed)
+        if signed and len(state.models) > 0:
             return self._admit(state, signed)
-        return self._aggregate(state, results)
+        metrics: dict[str, Any] = {}
+        events: list[dict[str, Any]] = []
+        if signed:
+            state, metrics, event = self._cluster(state, signed)
+            events.append(event)
+        state, trained = self._aggregate(state, results)
+        return Update(state, {"pacfl": {**metrics, **trained}}, events)
 
     def _cut(self, proximity: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         tree = pa.linkage_tree(proximity, self.linkage)
@@ -175,7 +185,8 @@ class PACFL:
                 "proximity": np.round(proximity, 4).tolist(),
                 "tree": np.round(tree, 6).tolist(), "labels": labels.tolist()}
 
-    def _cluster(self, state: PACFLState, signed: list[ClientResult]) -> Update:
+    def _cluster(self, state: PACFLState, signed: list[ClientResult]
+                 ) -> tuple[PACFLState, dict[str, Any], dict[str, Any]]:
         """Alg. 1 lines 7-12: A from every signature, HC(A, beta), theta_0 for every cluster."""
         ids = np.array([r.client for r in signed], dtype=np.int64)
         signatures = [np.asarray(r.signature, dtype=np.float64) for r in signed]
@@ -187,10 +198,9 @@ class PACFL:
         state = replace(state, models=np.tile(state.initial, (z, 1)), assignment=assignment,
                         clustered=ids, proximity=proximity,
                         signatures=tuple(signatures) if self.newcomer_set else ())
-        uplink = int(sum(s.size for s in signatures))
-        metrics = {"pacfl": {"clusters": z, "signature_floats": uplink}}
-        event = self._clustering_event("pacfl_clustering", ids, proximity, tree, labels)
-        return Update(state, metrics, [event], round_done=False)
+        metrics = {"clusters": z, "signature_floats": int(sum(s.size for s in signatures))}
+        return state, metrics, self._clustering_event("pacfl_clustering", ids, proximity, tree,
+                                                      labels)
 
     def _admit(self, state: PACFLState, signed: list[ClientResult]) -> Update:
         """Alg. 3: PME (Alg. 2) with the cross block, HC rerun, a cluster for each newcomer."""
@@ -230,7 +240,8 @@ class PACFL:
                              "signature_floats": int(sum(s.size for s in new_signatures))}}
         return Update(state, metrics, [event], round_done=False)
 
-    def _aggregate(self, state: PACFLState, results: Sequence[ClientResult]) -> Update:
+    def _aggregate(self, state: PACFLState, results: Sequence[ClientResult]
+                   ) -> tuple[PACFLState, dict[str, Any]]:
         """Alg. 1 lines 23-25: |D_k|-weighted FedAvg inside each cluster over its participants."""
         groups: dict[int, list[ClientResult]] = {}
         finetuned = 0
@@ -240,7 +251,7 @@ class PACFL:
             if r.meta.get("finetune"):
                 finetuned += 1
             else:
-                groups.setdefault(int(r.meta["cluster"]), []).append(r)
+                groups.setdefault(int(state.assignment[r.client]), []).append(r)
         models = state.models.copy()
         for z, group in sorted(groups.items()):
             group.sort(key=lambda r: r.client)
@@ -250,10 +261,11 @@ class PACFL:
             models[z] = models[z] + weighted_mean(updates, weights)
         trained = sum(len(g) for g in groups.values())
         d = models.shape[1]
-        metrics = {"pacfl": {"clusters_trained": len(groups), "clients_trained": trained,
-                             "finetuned": finetuned, "down_floats": (trained + finetuned) * d,
-                             "up_floats": trained * d}}
-        return Update(replace(state, models=models), metrics)
+        # Per round: one model down per training client, one up unless it only fine-tunes.
+        metrics = {"clusters_trained": len(groups), "clients_trained": trained,
+                   "finetuned": finetuned, "down_floats": (trained + finetuned) * d,
+                   "up_floats": trained * d}
+        return replace(state, models=models), metrics
 
     # views -----------------------------------------------------------------------------------
 
