@@ -214,8 +214,12 @@ def test_every_pacfl_preset_resolves(name):
     assert text.startswith("#") and "spec" in text
 
 
+@pytest.mark.shared_data
 def test_fmnist_label_groups_recovered_exactly_from_signatures_alone(shared_data: Path):
-    """Done-when: 100 clients in 5 groups of two Fashion-MNIST labels -> ARI 1.0, no training."""
+    """Done-when: 100 clients in 5 groups of two Fashion-MNIST labels -> ARI 1.0, no training.
+
+    On seed 0 the largest angle inside a group is 4.1 degrees and the smallest across 7.5:
+    beta 5 lies in the gap."""
     config = cfg.resolve("pacfl-labelskew20-fmnist", [
         "scenario.kind=label_groups", "scenario.clusters=5", "scenario.labels_per_group=2",
         "scenario.test=split", "scenario.test_samples_per_client=5",

@@ -33,7 +33,10 @@ def test_rounds_to_target_is_the_first_evaluated_round_reaching_it():
 def test_cut_height_lies_between_the_kept_and_the_refused_merges():
     event = {"tree": [[0, 1, 1.0, 2], [2, 3, 2.0, 2], [4, 5, 9.0, 4]], "labels": [0, 0, 1, 1],
              "beta": 100.0}
-    assert pacfl_plots.cut_height(event) == pytest.approx(5.5)   # n_clusters = 2 cut
+    assert pacfl_plots.cut_height({**event, "n_clusters": 2}) == pytest.approx(5.5)
+    assert pacfl_plots.cut_height({**event, "n_clusters": None, "beta": 3.0}) == 3.0
+    # Records without the key: beta where it explains the labels, else between the merges.
+    assert pacfl_plots.cut_height(event) == pytest.approx(5.5)
     assert pacfl_plots.cut_height({**event, "beta": 3.0}) == 3.0
 
 

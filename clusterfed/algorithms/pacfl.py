@@ -181,6 +181,7 @@ class PACFL:
     def _clustering_event(self, kind: str, ids: np.ndarray, proximity: np.ndarray,
                           tree: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
         return {"type": kind, "clients": ids.tolist(), "beta": self.beta,
+                "n_clusters": self.n_clusters,
                 "linkage": self.linkage, "measure": self.measure,
                 "proximity": np.round(proximity, 4).tolist(),
                 "tree": np.round(tree, 6).tolist(), "labels": labels.tolist()}

@@ -47,14 +47,16 @@ def cut_height(event: Record) -> float:
     """Where the dendrogram is cut: beta, or between the merges an n_clusters cut keeps apart."""
     tree = np.asarray(event["tree"], dtype=np.float64)
     z = len(set(event["labels"]))
-    if len(tree) == 0:
-        return float(event["beta"])
+    beta = float(event["beta"])
+    if len(tree) == 0 or ("n_clusters" in event and event["n_clusters"] is None):
+        return beta
     heights = np.sort(tree[:, 2])
     done = len(heights) - (z - 1)        # merges performed
     below = heights[done - 1] if done > 0 else 0.0
     above = heights[done] if done < len(heights) else heights[-1] * 1.05 + 1e-9
-    beta = float(event["beta"])
-    return beta if below <= beta < above else (below + above) / 2
+    if "n_clusters" not in event and below <= beta < above:   # an older record: a beta cut
+        return beta
+    return float((below + above) / 2)
 
 
 def angle_gap(proximity: np.ndarray, true: np.ndarray) -> tuple[float, float] | None:
@@ -208,7 +210,9 @@ def pacfl_section(folder: Path, summary: Record, metrics: Sequence[Record],
     z = len(set(last["labels"]))
     lines += [f"- signatures clustered at round {found[0]['round']}: {z} clusters, "
               f"{last['linkage']} linkage, measure {last['measure']}, "
-              f"cut at {cut_height(last):.2f} degrees (beta {last['beta']})"]
+              f"cut at {cut_height(last):.2f} degrees ("
+              + (f"n_clusters {last['n_clusters']})" if last.get("n_clusters") is not None
+                 else f"beta {last['beta']})")]
     gap = angle_gap(np.asarray(last["proximity"]), true[np.asarray(last["clients"])])
     if gap is not None:
         lines.append(f"- largest angle inside a true cluster {gap[0]:.2f} degrees, smallest "
@@ -225,7 +229,9 @@ def pacfl_section(folder: Path, summary: Record, metrics: Sequence[Record],
         if news[1] is not None:
             text += f" (cluster models {news[1]:.4f})"
         moved = [e.get("old_moved", 0) for e in found if e["type"] == "pacfl_newcomers"]
-        lines.append(text + f"; old clients moved by the rerun: {sum(moved)}")
+        keep = not (config or {}).get("algorithm", {}).get("reassign_existing", False)
+        lines.append(text + f"; old clients the rerun put in another cluster: {sum(moved)}"
+                     + (" (kept in their own)" if keep else " (moved)"))
     participation = float((config or {}).get("train", {}).get("participation", 0.1))
     lines += ["", "### Rounds to target (Table 4) and the paper's cost to reach it "
               "(Tables 8, 9)", ""]
