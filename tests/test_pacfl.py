@@ -91,6 +91,15 @@ def test_one_cluster_is_fedavg_bit_for_bit():
     np.testing.assert_array_equal(pacfl.state.models[0], fedavg.state.model)
 
 
+def test_beta_zero_is_local_training_bit_for_bit():
+    # Every client its own cluster: each trains from its own last model, as SOLO does.
+    pacfl = Simulation(pacfl_config({"beta": 0.0}))
+    local = Simulation(tiny_config("local"))
+    a, b = pacfl.run(), local.run()
+    assert a["clustering"]["n_clusters"] == 8
+    assert comparable(a)["final"] == comparable(b)["final"]
+
+
 def test_recovers_label_groups_and_logs_the_clustering(tmp_path: Path):
     cfg_ = groups_config({"beta": 20.0}, train={"rounds": 2})
     summary = run_config(cfg_, tmp_path)
