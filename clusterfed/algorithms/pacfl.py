@@ -1,10 +1,11 @@
 """PACFL: clustered FL by principal angles between client data subspaces (Vahidian, Morafah,
 Wang, Kungurtsev, Chen, Shah, Lin; AAAI 2023).
 
-Algorithm 1. Before federation (step 0 of round 0) every client sends its data signature U_p,
-the top-p left singular vectors of its data; the server forms the proximity matrix A (Eq. 2 or
-Eq. 3) and clusters it once by hierarchical clustering with threshold beta (degrees), so the
-number of clusters comes from beta. Every cluster starts from theta_0 and runs FedAvg over its
+Algorithm 1. Before federation (in round 0, beside the sampled clients' first training of
+theta_0, which needs no cluster) every client sends its data signature U_p, the top-p left
+singular vectors of its data; the server forms the proximity matrix A (Eq. 2 or Eq. 3) and
+clusters it once by hierarchical clustering with threshold beta (degrees), so the number of
+clusters comes from beta. Every cluster starts from theta_0 and runs FedAvg over its
 members among the round's sampled clients (|D_k|-weighted, line 24 over participants); a
 cluster with no sampled member keeps its model.
 
@@ -251,7 +252,7 @@ class PACFL:
                 continue
             if r.meta.get("finetune"):
                 finetuned += 1
-            else:
+            elif state.assignment[r.client] != UNASSIGNED:   # e.g. its signature was rejected
                 groups.setdefault(int(state.assignment[r.client]), []).append(r)
         models = state.models.copy()
         for z, group in sorted(groups.items()):
