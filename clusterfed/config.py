@@ -34,6 +34,7 @@ DEFAULTS: dict[str, Any] = {
         "protocol": "cluster",  # "cluster": the client's cluster model; "local": its own last
         "every": 1,             # evaluate every N rounds (and always after the last)
         "validation_fraction": 0.0,  # share of each client's training data held out
+        "also_cluster": False,  # protocol local: also score cluster models (cluster_* keys)
     },
     "run": {
         "checkpoint_every": 5,
@@ -184,6 +185,8 @@ def validate(config: Mapping[str, Any]) -> None:
     if ev["protocol"] == "best_of_path" and not fraction:
         raise ConfigError("eval.protocol=best_of_path chooses models on held-out data: "
                           "set eval.validation_fraction, e.g. 0.2")
+    if not isinstance(ev["also_cluster"], bool):
+        raise ConfigError(f"eval.also_cluster must be true or false, got {ev['also_cluster']!r}")
     if not isinstance(ev["every"], int) or ev["every"] < 1:
         raise ConfigError(f"eval.every must be a positive integer, got {ev['every']!r}")
     every = config["run"]["checkpoint_every"]

@@ -6,10 +6,11 @@ from clusterfed.algorithms import (  # noqa: E402,F401,I001
     fedavg,
     fedavg_ft,
     fednova,
-    ifca,
     fedprox,
+    ifca,
     lg_fedavg,
     local,
+    pacfl,
     per_fedavg,
     scaffold,
 )

@@ -17,6 +17,7 @@ class TaskKind(str, Enum):
     EVALUATE = "evaluate"  # loss and accuracy of one or several models on the client's test data
     LOSSES = "losses"      # loss of each of several models on the client's training data
     GRADIENT = "gradient"  # full-batch gradient on the client's training data
+    SIGNATURE = "signature"  # top-p left singular vectors of the client's data (PACFL)
 
 
 @dataclass(frozen=True)
@@ -125,11 +126,13 @@ class ClientResult:
     loss: float = float("nan")            # TRAIN: mean training loss; EVALUATE: test loss
     losses: np.ndarray | None = None      # LOSSES/EVALUATE: one loss per model
     accuracies: np.ndarray | None = None  # EVALUATE: one accuracy per model
+    signature: np.ndarray | None = None   # SIGNATURE: (d, c) left singular vectors
+    signature_labels: np.ndarray | None = None  # SIGNATURE: each column's class (-1: all data)
     meta: Mapping[str, int | float | str] = field(default_factory=dict)
 
     def is_finite(self) -> bool:
         """False when the result carries NaN or Inf (a diverged or faulty client)."""
         if self.kind is TaskKind.TRAIN and not math.isfinite(self.loss):
             return False
-        arrays = [a for a in (self.update, self.losses) if a is not None]
+        arrays = [a for a in (self.update, self.losses, self.signature) if a is not None]
         return all(bool(np.isfinite(a).all()) for a in arrays)

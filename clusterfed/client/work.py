@@ -16,6 +16,7 @@ from clusterfed.client.tasks import (
     TaskKind,
     TrainSpec,
 )
+from clusterfed.clustering.principal_angles import client_signature
 from clusterfed.models.flat import FlatModel
 
 # Targets per evaluation chunk: 1000 images, or fewer sequences when each has many tokens.
@@ -214,6 +215,8 @@ def run_task(model: FlatModel, task: ClientTask, train_xy: tuple[torch.Tensor, t
         grad, loss = gradient(model, params, x, y)
         return ClientResult(task.client, task.kind, len(y), update=grad.numpy(), loss=loss,
                             meta=task.meta)
+    if task.kind is TaskKind.SIGNATURE:
+        return signature_result(task, x, y)
     stacked = params if params.dim() == 2 else params[None]
     if task.kind is TaskKind.LOSSES:
         return ClientResult(task.client, task.kind, len(y), losses=losses(model, stacked, x, y),
@@ -224,3 +227,23 @@ def run_task(model: FlatModel, task: ClientTask, train_xy: tuple[torch.Tensor, t
                         losses=np.array([p[0] for p in pairs]),
                         accuracies=np.array([p[1] for p in pairs]),
                         loss=pairs[0][0], meta=task.meta)
+
+
+def _floats(text: object) -> list[float] | None:
+    """'0.1,0.2' -> [0.1, 0.2]: per-channel values travel in task meta as text."""
+    return None if text in (None, "") else [float(v) for v in str(text).split(",")]
+
+
+def signature_result(task: ClientTask, x: torch.Tensor, y: torch.Tensor) -> ClientResult:
+    """PACFL's data signature; only U and its column labels leave the client.
+
+    meta: p, per_class (0/1), center (0/1), mean and std ('m1,m2,...'), svd, seed.
+    """
+    meta = task.meta
+    u, labels = client_signature(
+        x.numpy(), y.numpy(), p=int(meta.get("p", 3)), per_class=bool(meta.get("per_class", 1)),
+        center=bool(meta.get("center", 0)), mean=_floats(meta.get("mean")),
+        std=_floats(meta.get("std")), svd=str(meta.get("svd", "auto")),
+        seed=int(meta.get("seed", 0)))
+    return ClientResult(task.client, task.kind, len(y), signature=u.astype(np.float32),
+                        signature_labels=labels, meta=task.meta)

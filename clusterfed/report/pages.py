@@ -7,8 +7,8 @@ from pathlib import Path
 
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import format_table, table_rows
-from clusterfed.report import cfl_plots, ifca_plots, plots
-from clusterfed.sim.outputs import read_jsonl
+from clusterfed.report import cfl_plots, ifca_plots, pacfl_plots, plots
+from clusterfed.sim.outputs import read_config, read_jsonl
 
 
 def write_report(folder: str | Path) -> Path:
@@ -48,6 +48,9 @@ def _run_report(folder: Path) -> Path:
         lines += cfl_plots.cfl_section(folder, summary, metrics)
     if summary["algorithm"] == "ifca":
         lines += ifca_plots.ifca_section(folder, summary, metrics)
+    if summary["algorithm"] == "pacfl":
+        config = read_config(folder) if (folder / "config.yaml").exists() else {}
+        lines += pacfl_plots.pacfl_section(folder, summary, metrics, config)
     path = folder / "report.md"
     path.write_text("\n".join(lines))
     return path
@@ -65,6 +68,11 @@ def _comparison_report(folder: Path) -> Path:
              "![accuracy](accuracy.png)", "",
              "Each algorithm's own report: " + ", ".join(
                  f"[{n}]({n}/report.md)" for n in comparison["algorithms"]), ""]
+    if "pacfl" in runs and (folder / "config.yaml").exists():
+        participation = float(read_config(folder)["train"]["participation"])
+        lines += ["## Rounds to target and the paper's cost (PACFL Tables 4, 8, 9)", "",
+                  *pacfl_plots.targets_table(runs, participation,
+                                             pacfl_plots.model_size(runs["pacfl"])), ""]
     path = folder / "report.md"
     path.write_text("\n".join(lines))
     return path

@@ -260,8 +260,15 @@ class Simulation:
             record["served_mean_accuracy"] = float(served[:, 1].mean())
             return record
         if self.config["eval"]["protocol"] != "best_of_path":
-            return round_record(evaluate_clients(self.executor, view, self.own_models), view,
-                                true)
+            record = round_record(evaluate_clients(self.executor, view, self.own_models), view,
+                                  true)
+            if self.own_models is not None and self.config["eval"]["also_cluster"]:
+                # The other protocol too: each client's cluster model (PACFL reports both).
+                acc = evaluate_clients(self.executor, view, None)[:, 1]
+                record.update({"cluster_mean_accuracy": float(acc.mean()),
+                               "cluster_per_client_accuracy": [round(float(a), 6)
+                                                               for a in acc]})
+            return record
         chosen, depth = best_of_path(self.executor, self.algorithm, state, view)
         record = round_record(chosen, view, true)
         leaf = evaluate_clients(self.executor, view, None)
@@ -281,7 +288,9 @@ class Simulation:
             "wall_seconds": round(wall, 3),
             "final": {"mean_accuracy": last["mean_accuracy"], "mean_loss": last["mean_loss"],
                       "per_client_accuracy": last["per_client_accuracy"],
-                      "per_true_cluster_accuracy": last["per_true_cluster_accuracy"]},
+                      "per_true_cluster_accuracy": last["per_true_cluster_accuracy"],
+                      **{k: last[k] for k in ("cluster_mean_accuracy",
+                                              "cluster_per_client_accuracy") if k in last}},
             "clustering": {"assignment": view.assignment.tolist(),
                            "true_assignment": true.tolist(),
                            "n_clusters": view.num_clusters,

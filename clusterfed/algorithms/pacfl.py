@@ -1,0 +1,282 @@
+"""PACFL: clustered FL by principal angles between client data subspaces (Vahidian, Morafah,
+Wang, Kungurtsev, Chen, Shah, Lin; AAAI 2023).
+
+Algorithm 1. Before federation (in round 0, beside the sampled clients' first training of
+theta_0, which needs no cluster) every client sends its data signature U_p, the top-p left
+singular vectors of its data; the server forms the proximity matrix A (Eq. 2 or Eq. 3) and
+clusters it once by hierarchical clustering with threshold beta (degrees), so the number of
+clusters comes from beta. Every cluster starts from theta_0 and runs FedAvg over its
+members among the round's sampled clients (|D_k|-weighted, line 24 over participants); a
+cluster with no sampled member keeps its model.
+
+Newcomers (Algorithms 2 and 3): at `join_round` the late clients send their signatures; A is
+extended with the old-new and new-new blocks (PME, corrected), HC is rerun with the same
+beta, and each newcomer receives its cluster's model and fine-tunes on it locally (Alg. 3
+line 6, optional). By default old clients keep their clusters and a newcomer joins the old
+cluster that most of its HC cluster's old members hold, or starts a new one from theta_0
+(spec 7, #12-13); `reassign_existing` adopts the rerun's clustering for everyone.
+
+Spec choices (../shared/specs/pacfl.md section 7): per-class signatures of raw, uncentred
+pixels, p = 3 (#1-3); `min_pair` with |.| (#4, #24; `absolute: false` is the authors' code);
+beta in degrees (#7); scipy's weighted linkage, the code's "average" (#8); all clients at
+t = 0 (#10); global sampling (#11); participants' |D_k| weights (#14).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+import numpy as np
+
+from clusterfed.algorithms.aggregate import aggregation_weights, weighted_mean
+from clusterfed.algorithms.base import ALGORITHMS, ClusterView, RoundContext, Setup, Update
+from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
+from clusterfed.clustering import principal_angles as pa
+from clusterfed.state import serialisable
+
+UNASSIGNED = -1
+NO_PARAMS = np.zeros(0, dtype=np.float32)
+
+
+@serialisable
+@dataclass(frozen=True)
+class PACFLState:
+    initial: np.ndarray             # theta_0: every cluster starts from it (Alg. 1 line 12)
+    models: np.ndarray              # (Z, d) cluster models; (0, d) until clustered
+    assignment: np.ndarray          # (N,) cluster of each client; -1 until it has one
+    clustered: np.ndarray           # client ids in the order of the proximity matrix's rows
+    proximity: np.ndarray           # (m, m) A in degrees
+    signatures: tuple[np.ndarray, ...] = ()  # in `clustered` order; kept only for PME
+    seed: int = 0
+
+
+@ALGORITHMS.register("pacfl")
+@dataclass(frozen=True)
+class PACFL:
+    beta: float = 3.5                    # HC threshold in degrees (code default; presets set it)
+    linkage: str = "weighted"            # or average / complete / single
+    n_clusters: int | None = None        # extension: cut into this many clusters, not at beta
+    measure: str = "min_pair"            # or principal_min / ordered_sum / principal_sum
+    absolute: bool = True                # min_pair without |.|: the authors' code
+    p: int = 3                           # singular vectors per block
+    signature: str = "per_class"         # or "whole": one SVD of all the client's data
+    center: bool = False                 # subtract each block's mean sample first
+    mean: Sequence[float] | None = None  # per-channel normalisation before the SVD (MIX-4)
+    std: Sequence[float] | None = None
+    svd: str = "auto"                    # exact / randomized / auto (randomised when large)
+    weighting: str = "samples"           # FedAvg weights inside a cluster
+    newcomers: Sequence[int] = ()        # clients that arrive at join_round (Algs. 2, 3)
+    join_round: int = 0
+    reassign_existing: bool = False      # let the rerun move old clients between clusters
+    finetune_newcomers: bool = True      # Alg. 3 line 6: train once locally on arrival
+    # Not claimed: label swaps keep each client's images, hence its signature (see README).
+    toy_mixture_options: ClassVar[dict[str, Any] | None] = None
+    _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
+        "linkage": pa.LINKAGES, "measure": pa.MEASURES, "signature": ("per_class", "whole"),
+        "svd": pa.SVD_METHODS}
+    newcomer_set: frozenset[int] = field(init=False, repr=False, default=frozenset())
+
+    def __post_init__(self) -> None:
+        for name, valid in self._kinds.items():
+            if getattr(self, name) not in valid:
+                raise ValueError(f"{name} must be one of {', '.join(valid)}, "
+                                 f"got {getattr(self, name)!r}")
+        aggregation_weights(np.ones(1), self.weighting)
+        if not self.beta >= 0:
+            raise ValueError(f"beta (degrees) must be >= 0, got {self.beta}")
+        if self.n_clusters is not None and self.n_clusters < 1:
+            raise ValueError(f"n_clusters must be at least 1, got {self.n_clusters}")
+        if self.p < 1:
+            raise ValueError(f"p must be at least 1, got {self.p}")
+        if self.measure == "ordered_sum" and self.signature == "per_class":
+            raise ValueError("measure ordered_sum (Eq. 3) pairs vectors in identical order, "
+                             "which per-class stacks do not share: use signature: whole or "
+                             "measure: principal_sum")
+        if self.newcomers and self.join_round < 1:
+            raise ValueError("newcomers arrive after the federation starts: join_round >= 1")
+        object.__setattr__(self, "newcomer_set", frozenset(int(c) for c in self.newcomers))
+
+    # init / plan ---------------------------------------------------------------------------
+
+    def init(self, setup: Setup) -> PACFLState:
+        for c in self.newcomers:
+            if not 0 <= int(c) < setup.num_clients:
+                raise ValueError(f"newcomer {c} does not exist (there are {setup.num_clients})")
+        d = len(setup.initial_params)
+        return PACFLState(initial=setup.initial_params.copy(),
+                          models=np.zeros((0, d), dtype=np.float32),
+                          assignment=np.full(setup.num_clients, UNASSIGNED, dtype=np.int64),
+                          clustered=np.zeros(0, dtype=np.int64), proximity=np.zeros((0, 0)),
+                          seed=setup.seed)
+
+    def _signers(self, state: PACFLState, ctx: RoundContext) -> list[int]:
+        """Who sends a signature in this step: everyone before round 1's training, newcomers
+        at their arrival; nobody otherwise. Signatures are uploads of clients arriving, not
+        sampled work."""
+        if ctx.step != 0:
+            return []
+        if len(state.models) == 0:
+            return [c for c in range(len(state.assignment)) if c not in self.newcomer_set]
+        if ctx.round == self.join_round:
+            return [c for c in sorted(self.newcomer_set) if state.assignment[c] == UNASSIGNED]
+        return []
+
+    def _signature_meta(self, state: PACFLState) -> dict[str, int | float | str]:
+        meta: dict[str, int | float | str] = {
+            "p": self.p, "per_class": int(self.signature == "per_class"),
+            "center": int(self.center), "svd": self.svd, "seed": state.seed}
+        for key in ("mean", "std"):
+            values = getattr(self, key)
+            if values is not None:
+                meta[key] = ",".join(repr(float(v)) for v in values)
+        return meta
+
+    def plan(self, state: PACFLState, ctx: RoundContext) -> list[ClientTask]:
+        signers = self._signers(state, ctx)
+        meta = self._signature_meta(state)
+        signatures = [ClientTask(c, TaskKind.SIGNATURE, NO_PARAMS, meta=meta) for c in signers]
+        if len(state.models) == 0:
+            # Round 0: every cluster starts from theta_0 (Alg. 1 line 12), so the sampled
+            # clients train it while the signatures are clustered, in the same step.
+            return signatures + [ClientTask(c, TaskKind.TRAIN, state.initial, ctx.train)
+                                 for c in ctx.sampled.tolist() if c not in self.newcomer_set]
+        if signatures:   # newcomers arrive: their clusters first, training in the next step
+            return signatures
+        joining = ctx.round == self.join_round and bool(self.newcomer_set)
+        tasks = []
+        for c in ctx.sampled.tolist():
+            z = int(state.assignment[c])
+            if z != UNASSIGNED and not (joining and c in self.newcomer_set):
+                tasks.append(ClientTask(c, TaskKind.TRAIN, state.models[z], ctx.train,
+                                        {"cluster": z}))
+        if joining and self.finetune_newcomers:
+            # Alg. 3 line 6: the newcomer personalises its cluster's model; nothing goes back.
+            for c in sorted(self.newcomer_set):
+                z = int(state.assignment[c])
+                tasks.append(ClientTask(c, TaskKind.TRAIN, state.models[z], ctx.train,
+                                        {"cluster": z, "finetune": 1}))
+        return tasks
+
+    # update ----------------------------------------------------------------------------------
+
+    def update(self, state: PACFLState, ctx: RoundContext, results: Sequence[ClientResult]
+               ) -> Update:
+        signed = sorted((r for r in results if r.kind is TaskKind.SIGNATURE),
+                        key=lambda r: r.client)
+        if signed and len(state.models) > 0:
+            return self._admit(state, signed)
+        metrics: dict[str, Any] = {}
+        events: list[dict[str, Any]] = []
+        if signed:
+            state, metrics, event = self._cluster(state, signed)
+            events.append(event)
+        state, trained = self._aggregate(state, results)
+        return Update(state, {"pacfl": {**metrics, **trained}}, events)
+
+    def _cut(self, proximity: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        tree = pa.linkage_tree(proximity, self.linkage)
+        return tree, pa.cut_tree(tree, len(proximity), self.beta, self.n_clusters)
+
+    def _clustering_event(self, kind: str, ids: np.ndarray, proximity: np.ndarray,
+                          tree: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
+        return {"type": kind, "clients": ids.tolist(), "beta": self.beta,
+                "n_clusters": self.n_clusters,
+                "linkage": self.linkage, "measure": self.measure,
+                "proximity": np.round(proximity, 4).tolist(),
+                "tree": np.round(tree, 6).tolist(), "labels": labels.tolist()}
+
+    def _cluster(self, state: PACFLState, signed: list[ClientResult]
+                 ) -> tuple[PACFLState, dict[str, Any], dict[str, Any]]:
+        """Alg. 1 lines 7-12: A from every signature, HC(A, beta), theta_0 for every cluster."""
+        ids = np.array([r.client for r in signed], dtype=np.int64)
+        signatures = [np.asarray(r.signature, dtype=np.float64) for r in signed]
+        proximity = pa.proximity_matrix(signatures, self.measure, self.absolute)
+        tree, labels = self._cut(proximity)
+        assignment = state.assignment.copy()
+        assignment[ids] = labels
+        z = int(labels.max()) + 1
+        state = replace(state, models=np.tile(state.initial, (z, 1)), assignment=assignment,
+                        clustered=ids, proximity=proximity,
+                        signatures=tuple(signatures) if self.newcomer_set else ())
+        metrics = {"clusters": z, "signature_floats": int(sum(s.size for s in signatures))}
+        return state, metrics, self._clustering_event("pacfl_clustering", ids, proximity, tree,
+                                                      labels)
+
+    def _admit(self, state: PACFLState, signed: list[ClientResult]) -> Update:
+        """Alg. 3: PME (Alg. 2) with the cross block, HC rerun, a cluster for each newcomer."""
+        new_ids = np.array([r.client for r in signed], dtype=np.int64)
+        new_signatures = [np.asarray(r.signature, dtype=np.float64) for r in signed]
+        proximity = pa.extend_proximity(state.proximity, state.signatures, new_signatures,
+                                        self.measure, self.absolute)
+        ids = np.concatenate([state.clustered, new_ids])
+        tree, labels = self._cut(proximity)
+        m = len(state.clustered)
+        previous = np.concatenate([state.assignment[state.clustered],
+                                   np.full(len(new_ids), UNASSIGNED)])
+        source = pa.match_clusters(previous, labels)   # each rerun cluster's old cluster
+        assignment = state.assignment.copy()
+        models = list(state.models)
+        if self.reassign_existing:
+            models = [state.models[s] if s >= 0 else state.initial for s in source]
+            assignment[ids] = labels
+        else:
+            fresh: dict[int, int] = {}
+            for j, c in enumerate(new_ids.tolist()):
+                h = int(labels[m + j])
+                if source[h] >= 0:
+                    assignment[c] = source[h]
+                else:   # no old client is similar enough: a new cluster from theta_0
+                    if h not in fresh:
+                        fresh[h] = len(models)
+                        models.append(state.initial)
+                    assignment[c] = fresh[h]
+        state = replace(state, models=np.stack(models).astype(np.float32),
+                        assignment=assignment, clustered=ids, proximity=proximity,
+                        signatures=(*state.signatures, *new_signatures))
+        event = self._clustering_event("pacfl_newcomers", ids, proximity, tree, labels)
+        event.update(newcomers=new_ids.tolist(), assignment=assignment[ids].tolist(),
+                     old_moved=int(np.sum(source[labels[:m]] != previous[:m])))
+        metrics = {"pacfl": {"clusters": len(models),
+                             "signature_floats": int(sum(s.size for s in new_signatures))}}
+        return Update(state, metrics, [event], round_done=False)
+
+    def _aggregate(self, state: PACFLState, results: Sequence[ClientResult]
+                   ) -> tuple[PACFLState, dict[str, Any]]:
+        """Alg. 1 lines 23-25: |D_k|-weighted FedAvg inside each cluster over its participants."""
+        groups: dict[int, list[ClientResult]] = {}
+        finetuned = 0
+        for r in results:
+            if r.kind is not TaskKind.TRAIN:
+                continue
+            if r.meta.get("finetune"):
+                finetuned += 1
+            elif state.assignment[r.client] != UNASSIGNED:   # e.g. its signature was rejected
+                groups.setdefault(int(state.assignment[r.client]), []).append(r)
+        models = state.models.copy()
+        for z, group in sorted(groups.items()):
+            group.sort(key=lambda r: r.client)
+            updates = np.stack([r.update for r in group])
+            weights = aggregation_weights(np.array([r.num_samples for r in group]),
+                                          self.weighting)
+            models[z] = models[z] + weighted_mean(updates, weights)
+        trained = sum(len(g) for g in groups.values())
+        d = models.shape[1]
+        # Per round: one model down per training client, one up unless it only fine-tunes.
+        metrics = {"clusters_trained": len(groups), "clients_trained": trained,
+                   "finetuned": finetuned, "down_floats": (trained + finetuned) * d,
+                   "up_floats": trained * d}
+        return replace(state, models=models), metrics
+
+    # views -----------------------------------------------------------------------------------
+
+    def clusters(self, state: PACFLState) -> ClusterView:
+        """Cluster models; clients without a cluster yet (before clustering, newcomers not
+        arrived) are served theta_0 as one extra entry."""
+        waiting = state.assignment == UNASSIGNED
+        if not waiting.any():
+            return ClusterView(state.models, state.assignment.copy())
+        models = np.concatenate([state.models, state.initial[None]])
+        assignment = np.where(waiting, len(state.models), state.assignment)
+        return ClusterView(models, assignment)

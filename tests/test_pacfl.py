@@ -1,0 +1,242 @@
+"""PACFL the algorithm: one-shot clustering of signatures, FedAvg per cluster, newcomers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import comparable, tiny_config
+
+from clusterfed import config as cfg
+from clusterfed.algorithms import RoundContext, Setup, build_algorithm
+from clusterfed.algorithms.pacfl import UNASSIGNED
+from clusterfed.client import ClientResult, TaskKind, TrainSpec
+from clusterfed.clustering import principal_angles as pa
+from clusterfed.clustering.metrics import clustering_scores
+from clusterfed.errors import ConfigError
+from clusterfed.experiments.compare import algorithm_sections
+from clusterfed.sim.simulation import Simulation, run_config
+
+SPEC = TrainSpec(lr=0.1, batch_size=10)
+
+
+def pacfl_config(options=None, **sections):
+    return cfg.merge(tiny_config("pacfl", **sections), {"algorithm": {"name": "pacfl",
+                                                                       **(options or {})}})
+
+
+def groups_config(options=None, **sections):
+    """Digits in 2 label groups (labels 0-4 and 5-9 in a seeded order), 8 clients."""
+    return pacfl_config(options, scenario={"kind": "label_groups", "clients": 8, "clusters": 2},
+                        **sections)
+
+
+def signature_result(client: int, u: np.ndarray) -> ClientResult:
+    return ClientResult(client, TaskKind.SIGNATURE, 10, signature=u.astype(np.float32),
+                        signature_labels=np.full(u.shape[1], -1))
+
+
+def train_result(client: int, update: np.ndarray, n: int) -> ClientResult:
+    return ClientResult(client, TaskKind.TRAIN, n, update=update.astype(np.float32), loss=0.1)
+
+
+def test_round_zero_asks_every_client_for_a_signature_and_trains_only_sampled_ones():
+    sim = Simulation(groups_config({"newcomers": [7],
+                                              "join_round": 2}))
+    algo, state = sim.algorithm, sim.algorithm.init(sim.setup)
+    sampled = np.array([1, 4, 7])
+    tasks = algo.plan(state, RoundContext(0, sampled, sim.spec))
+    signers = [t.client for t in tasks if t.kind is TaskKind.SIGNATURE]
+    trainers = [t.client for t in tasks if t.kind is TaskKind.TRAIN]
+    assert signers == [0, 1, 2, 3, 4, 5, 6]      # the newcomer arrives later
+    assert trainers == [1, 4]                    # sampled, newcomer excluded
+    assert all(np.array_equal(t.params, sim.setup.initial_params) for t in tasks
+               if t.kind is TaskKind.TRAIN)
+    results = sim.executor.run(tasks, 0)
+    upd = algo.update(state, RoundContext(0, sampled, sim.spec), results)
+    assert upd.round_done and upd.events[0]["type"] == "pacfl_clustering"
+    later = algo.plan(upd.state, RoundContext(1, sampled, sim.spec))
+    assert {t.kind for t in later} == {TaskKind.TRAIN}
+    assert [t.client for t in later] == [1, 4]
+
+
+def test_fedavg_inside_each_cluster_with_participants_weights():
+    algo = build_algorithm({"name": "pacfl", "beta": 10.0, "signature": "whole"})
+    d = 5
+    state = algo.init(Setup(4, np.zeros(d, dtype=np.float32), np.full(4, 10), 0))
+    e = np.eye(6)
+    # Clients 0, 1 share a subspace; 2, 3 another one at 90 degrees.
+    sigs = [signature_result(c, e[:, [0]] if c < 2 else e[:, [3]]) for c in range(4)]
+    trained = [train_result(0, np.ones(d), 30), train_result(1, 3 * np.ones(d), 10)]
+    upd = algo.update(state, RoundContext(0, np.array([0, 1]), SPEC), sigs + trained)
+    state = upd.state
+    assert state.assignment.tolist() == [0, 0, 1, 1]
+    np.testing.assert_allclose(state.models[0], 1.5)   # (30 * 1 + 10 * 3) / 40
+    np.testing.assert_array_equal(state.models[1], 0)  # no participant: theta_0 kept
+    upd = algo.update(state, RoundContext(1, np.array([2]), SPEC),
+                      [train_result(2, -2 * np.ones(d), 7)])
+    np.testing.assert_allclose(upd.state.models[1], -2)  # one participant: its model
+    np.testing.assert_allclose(upd.state.models[0], 1.5)
+    assert upd.metrics["pacfl"]["up_floats"] == d
+
+
+def test_one_cluster_is_fedavg_bit_for_bit():
+    # beta above every angle gives Z = 1: the same sampler, seeds and model as FedAvg.
+    pacfl = Simulation(pacfl_config({"beta": 1000.0}))
+    fedavg = Simulation(tiny_config("fedavg"))
+    a, b = pacfl.run(), fedavg.run()
+    assert a["clustering"]["n_clusters"] == 1
+    assert comparable(a)["final"] == comparable(b)["final"]
+    np.testing.assert_array_equal(pacfl.state.models[0], fedavg.state.model)
+
+
+def test_beta_zero_is_local_training_bit_for_bit():
+    # Every client its own cluster: each trains from its own last model, as SOLO does.
+    pacfl = Simulation(pacfl_config({"beta": 0.0}))
+    local = Simulation(tiny_config("local"))
+    a, b = pacfl.run(), local.run()
+    assert a["clustering"]["n_clusters"] == 8
+    assert comparable(a)["final"] == comparable(b)["final"]
+
+
+def test_recovers_label_groups_and_logs_the_clustering(tmp_path: Path):
+    cfg_ = groups_config({"beta": 20.0}, train={"rounds": 2})
+    summary = run_config(cfg_, tmp_path)
+    assert summary["clustering"]["ari"] == 1.0
+    events = [e for e in (tmp_path / "events.jsonl").read_text().splitlines()
+              if "pacfl_clustering" in e]
+    assert len(events) == 1
+
+
+def test_newcomers_join_their_group_and_old_clients_keep_their_clusters():
+    cfg_ = groups_config({"beta": 20.0, "newcomers": [3, 7],
+                                    "join_round": 2},
+                         train={"rounds": 4, "participation": 1.0})
+    sim = Simulation(cfg_)
+    algo = sim.algorithm
+    state = algo.init(sim.setup)
+    everyone = np.arange(8)
+    before = None
+    for r in range(4):
+        ctx = RoundContext(r, everyone, sim.spec)
+        while True:
+            tasks = algo.plan(state, ctx)
+            if r < 2:
+                assert not {3, 7} & {t.client for t in tasks}
+            results = sim.executor.run(tasks, r, ctx.step)
+            upd = algo.update(state, ctx, results)
+            if r == 2 and ctx.step == 0:
+                assert [t.client for t in tasks] == [3, 7]
+                assert not upd.round_done and upd.events[0]["newcomers"] == [3, 7]
+                before = state
+            if r == 2 and ctx.step == 1:
+                finetune = [t for t in tasks if t.meta.get("finetune")]
+                assert [t.client for t in finetune] == [3, 7]
+            state = upd.state
+            if upd.round_done:
+                break
+            ctx = RoundContext(r, everyone, sim.spec, step=ctx.step + 1)
+    assert before is not None
+    old = [0, 1, 2, 4, 5, 6]
+    assert before.assignment[[3, 7]].tolist() == [UNASSIGNED, UNASSIGNED]
+    np.testing.assert_array_equal(state.assignment[old], before.assignment[old])
+    true = sim.federation.true_clusters
+    assert clustering_scores(true, state.assignment)["ari"] == 1.0
+    # PME: the extended matrix is the whole matrix of all signatures in joining order.
+    np.testing.assert_allclose(state.proximity, pa.proximity_matrix(state.signatures),
+                               atol=1e-9)
+    assert state.clustered.tolist() == [0, 1, 2, 4, 5, 6, 3, 7]
+
+
+def test_finetuning_newcomers_do_not_change_the_cluster_model():
+    algo = build_algorithm({"name": "pacfl", "beta": 10.0, "signature": "whole",
+                            "newcomers": [2], "join_round": 1})
+    state = algo.init(Setup(3, np.zeros(4, dtype=np.float32), np.full(3, 10), 0))
+    e = np.eye(6)
+    upd = algo.update(state, RoundContext(0, np.array([], dtype=np.int64), SPEC),
+                      [signature_result(0, e[:, [0]]), signature_result(1, e[:, [3]])])
+    upd = algo.update(upd.state, RoundContext(1, np.arange(3), SPEC),
+                      [signature_result(2, e[:, [0]] + 0.01 * e[:, [1]])])
+    state = upd.state
+    assert state.assignment.tolist() == [0, 1, 0]
+    tasks = algo.plan(state, RoundContext(1, np.arange(3), SPEC, step=1))
+    assert [(t.client, dict(t.meta)) for t in tasks] == [
+        (0, {"cluster": 0}), (1, {"cluster": 1}), (2, {"cluster": 0, "finetune": 1})]
+    ft = ClientResult(2, TaskKind.TRAIN, 10, update=np.full(4, 9, np.float32), loss=0.1,
+                      meta={"cluster": 0, "finetune": 1})
+    upd = algo.update(state, RoundContext(1, np.arange(3), SPEC, step=1), [ft])
+    np.testing.assert_array_equal(upd.state.models, state.models)
+
+
+def test_a_dissimilar_newcomer_starts_a_new_cluster_from_theta0():
+    algo = build_algorithm({"name": "pacfl", "beta": 10.0, "signature": "whole",
+                            "newcomers": [2], "join_round": 1})
+    state = algo.init(Setup(3, np.zeros(4, dtype=np.float32), np.full(3, 10), 0))
+    e = np.eye(6)
+    upd = algo.update(state, RoundContext(0, np.array([0]), SPEC),
+                      [signature_result(0, e[:, [0]]), signature_result(1, e[:, [0]]),
+                       train_result(0, np.ones(4), 10)])
+    upd = algo.update(upd.state, RoundContext(1, np.arange(3), SPEC),
+                      [signature_result(2, e[:, [5]])])
+    assert upd.state.assignment.tolist() == [0, 0, 1]
+    np.testing.assert_array_equal(upd.state.models[1], 0)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"linkage": "ward"}, "linkage"), ({"measure": "cosine"}, "measure"),
+    ({"measure": "ordered_sum"}, "identical order"), ({"newcomers": [1]}, "join_round"),
+    ({"p": 0}, "p must"), ({"beta": -1.0}, "beta")])
+def test_bad_options_raise_clear_errors(options, message):
+    with pytest.raises(ConfigError, match=message):
+        build_algorithm({"name": "pacfl", **options})
+
+
+def test_eval_also_cluster_records_the_cluster_model_protocol():
+    summary = run_config(groups_config({"beta": 20.0},
+                                       eval={"protocol": "local", "also_cluster": True},
+                                       train={"rounds": 2}))
+    final = summary["final"]
+    assert 0.0 <= final["cluster_mean_accuracy"] <= 1.0
+    assert len(final["cluster_per_client_accuracy"]) == 8
+    assert final["cluster_mean_accuracy"] != final["mean_accuracy"]
+
+
+PACFL_PRESETS = [n for n in cfg.preset_names() if n.startswith("pacfl-")]
+
+
+def test_the_paper_presets_exist_at_both_scales():
+    datasets = ("fmnist", "cifar10", "cifar100", "svhn")
+    wanted = {f"pacfl-labelskew{r}-{d}" for r in (20, 30) for d in datasets}
+    wanted |= {"pacfl-dirichlet", "pacfl-mix4", "pacfl-newcomers"}
+    wanted |= {f"{n}-small" for n in wanted}
+    assert wanted <= set(PACFL_PRESETS)
+
+
+@pytest.mark.parametrize("name", PACFL_PRESETS)
+def test_every_pacfl_preset_resolves(name):
+    config = cfg.resolve(name)
+    build_algorithm(config["algorithm"])
+    for section in algorithm_sections(config, None):
+        build_algorithm(section)
+    text = (cfg.presets_dir() / f"{name}.yaml").read_text()
+    assert text.startswith("#") and "spec" in text
+
+
+@pytest.mark.shared_data
+def test_fmnist_label_groups_recovered_exactly_from_signatures_alone(shared_data: Path):
+    """Done-when: 100 clients in 5 groups of two Fashion-MNIST labels -> ARI 1.0, no training.
+
+    On seed 0 the largest angle inside a group is 4.1 degrees and the smallest across 7.5:
+    beta 5 lies in the gap."""
+    config = cfg.resolve("pacfl-labelskew20-fmnist", [
+        "scenario.kind=label_groups", "scenario.clusters=5", "scenario.labels_per_group=2",
+        "scenario.test=split", "scenario.test_samples_per_client=5",
+        "algorithm.n_clusters=null", "algorithm.beta=5.0"])
+    sim = Simulation(config, data_dir=str(shared_data))
+    algo = sim.algorithm
+    ctx = RoundContext(0, np.array([], dtype=np.int64), sim.spec)
+    tasks = algo.plan(algo.init(sim.setup), ctx)
+    assert len(tasks) == 100 and {t.kind for t in tasks} == {TaskKind.SIGNATURE}
+    state = algo.update(algo.init(sim.setup), ctx, sim.executor.run(tasks, 0)).state
+    assert clustering_scores(sim.federation.true_clusters, state.assignment)["ari"] == 1.0
