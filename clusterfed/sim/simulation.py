@@ -220,11 +220,12 @@ class Simulation:
     def _evaluate(self, state: Any, view: ClusterView) -> dict[str, Any]:
         """The evaluation protocol's per-client figures, as one metrics record."""
         true = self.federation.true_clusters
+        target = self.config["eval"]["target_accuracy"]
         if self.config["eval"]["protocol"] != "best_of_path":
             return round_record(evaluate_clients(self.executor, view, self.own_models), view,
-                                true)
+                                true, target)
         chosen, depth = best_of_path(self.executor, self.algorithm, state, view)
-        record = round_record(chosen, view, true)
+        record = round_record(chosen, view, true, target)
         leaf = evaluate_clients(self.executor, view, None)
         record.update({"leaf_mean_accuracy": float(leaf[:, 1].mean()),
                        "chosen_path_depth": depth.tolist()})
@@ -242,7 +243,8 @@ class Simulation:
             "wall_seconds": round(wall, 3),
             "final": {"mean_accuracy": last["mean_accuracy"], "mean_loss": last["mean_loss"],
                       "per_client_accuracy": last["per_client_accuracy"],
-                      "per_true_cluster_accuracy": last["per_true_cluster_accuracy"]},
+                      "per_true_cluster_accuracy": last["per_true_cluster_accuracy"],
+                      **{k: last[k] for k in ("clients_at_target",) if k in last}},
             "clustering": {"assignment": view.assignment.tolist(),
                            "true_assignment": true.tolist(),
                            "n_clusters": view.num_clusters,
