@@ -81,7 +81,7 @@ class FLHC:
     metric: str = "l2"                   # l1 | l2 | cosine
     linkage: str = "ward"                # single | complete | average | ward (l2 only)
     threshold: float = 3.0               # tau (block A: 3.0 MNIST, 10.0 FEMNIST)
-    threshold_mode: str = "absolute"     # absolute | relative (x max) | median (x median) | clusters
+    threshold_mode: str = "absolute"     # absolute | relative | median | clusters (see hc)
     features: str = "update"             # update (A1) | weights
     reuse_clustering_updates: bool = False   # A4: clusters start from their clustering round
     participation: float | None = None   # C inside clusters; None: the run's sampled fraction

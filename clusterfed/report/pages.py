@@ -7,7 +7,7 @@ from pathlib import Path
 
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import format_table, table_rows
-from clusterfed.report import cfl_plots, plots
+from clusterfed.report import cfl_plots, flhc_plots, plots
 from clusterfed.sim.outputs import read_jsonl
 
 
@@ -46,6 +46,8 @@ def _run_report(folder: Path) -> Path:
     ]
     if summary["algorithm"] == "cfl":
         lines += cfl_plots.cfl_section(folder, summary, metrics)
+    if summary["algorithm"] == "flhc":
+        lines += flhc_plots.flhc_section(folder, summary, metrics)
     path = folder / "report.md"
     path.write_text("\n".join(lines))
     return path
@@ -63,6 +65,8 @@ def _comparison_report(folder: Path) -> Path:
              "![accuracy](accuracy.png)", "",
              "Each algorithm's own report: " + ", ".join(
                  f"[{n}]({n}/report.md)" for n in comparison["algorithms"]), ""]
+    if {"fedavg", "flhc"} <= set(runs):
+        lines += flhc_plots.comparison_section(folder, runs)
     path = folder / "report.md"
     path.write_text("\n".join(lines))
     return path
