@@ -191,3 +191,21 @@ def test_a_client_missing_from_the_clustering_round_gets_its_own_cluster():
     new = algo.update(state, ctx, fake_results(tasks, updates)).state
     assert new.assignment[4] == 3 and len(new.models) == 4
     np.testing.assert_array_equal(np.delete(new.assignment, 4), np.delete(truth, 4))
+
+
+def test_a_run_interrupted_after_clustering_resumes_to_the_same_numbers(tmp_path):
+    from test_contract import StopAfter
+
+    from clusterfed.sim.simulation import resume_run, run_config
+
+    cfg = merge(tiny_config("flhc", train={"rounds": 4}, run={"checkpoint_every": 2}),
+                {"algorithm": {"name": "flhc", "rounds_before_clustering": 1,
+                               "threshold_mode": "clusters", "threshold": 3}})
+    whole = run_config(cfg, tmp_path / "whole")
+    with pytest.raises(KeyboardInterrupt):
+        run_config(cfg, tmp_path / "broken", callbacks=[StopAfter(3)])
+    resumed = resume_run(tmp_path / "broken")   # from round 2's checkpoint: clustered state
+    assert {k: v for k, v in resumed.items() if k != "wall_seconds"} == \
+        {k: v for k, v in whole.items() if k != "wall_seconds"}
+    assert (tmp_path / "broken" / "metrics.jsonl").read_text() == \
+        (tmp_path / "whole" / "metrics.jsonl").read_text()
