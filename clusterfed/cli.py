@@ -1,4 +1,4 @@
-"""The command line: clusterfed run | compare | presets | scenario describe | report."""
+"""The command line: clusterfed run | compare | sweep | presets | scenario describe | report."""
 
 from __future__ import annotations
 
@@ -88,6 +88,30 @@ def compare(source: str, overrides: tuple[str, ...], algorithms: str | None, out
     write_report(folder)
     click.echo(format_table(table_rows(comparison)))
     click.echo(f"report: {folder / 'report.md'}")
+
+
+@main.command()
+@click.argument("source")
+@click.argument("overrides", nargs=-1)
+@click.option("--out", help="Sweep folder (default runs/NAME-sweep-TIME).")
+@click.option("--data-dir", help="Data root (default $CLUSTERFED_DATA or the user cache).")
+@click.option("--list", "list_only", is_flag=True, help="Print the grid's points; run nothing.")
+def sweep(source: str, overrides: tuple[str, ...], out: str | None, data_dir: str | None,
+          list_only: bool) -> None:
+    """Run one config per point of its `sweep` grid and tabulate them (the overrides apply to
+    every point)."""
+    from clusterfed.experiments.sweep import format_sweep_table, point_configs, run_sweep
+
+    name, config = _resolve(source, overrides, data_dir)
+    points = point_configs(config)
+    if list_only:
+        for i, (values, _) in enumerate(points):
+            click.echo(f"{i:03d} " + " ".join(f"{k}={v}" for k, v in values.items()))
+        return
+    folder = _out_dir(out, name, "sweep")
+    result = run_sweep(config, folder)
+    click.echo(format_sweep_table(result))
+    click.echo(f"table: {folder / 'table.md'}")
 
 
 @main.command()

@@ -35,6 +35,7 @@ DEFAULTS: dict[str, Any] = {
         "every": 1,             # evaluate every N rounds (and always after the last)
         "validation_fraction": 0.0,  # share of each client's training data held out
         "also_cluster": False,  # protocol local: also score cluster models (cluster_* keys)
+        "target_accuracy": None,  # also record the share of clients at or above this accuracy
     },
     "run": {
         "checkpoint_every": 5,
@@ -44,6 +45,8 @@ DEFAULTS: dict[str, Any] = {
         "privacy_seed": None,   # the clients' shared secret (default: derived from the seed)
     },
     "compare": {"algorithms": []},
+    # `clusterfed sweep`: dotted keys -> value lists (see clusterfed/experiments/sweep.py).
+    "sweep": {},
 }
 
 # Sections whose keys are fixed here; the others also take their kind's own keys.
@@ -187,6 +190,11 @@ def validate(config: Mapping[str, Any]) -> None:
                           "set eval.validation_fraction, e.g. 0.2")
     if not isinstance(ev["also_cluster"], bool):
         raise ConfigError(f"eval.also_cluster must be true or false, got {ev['also_cluster']!r}")
+    target = ev["target_accuracy"]
+    if target is not None and (isinstance(target, bool) or not isinstance(target, int | float)
+                               or not 0.0 < target <= 1.0):
+        raise ConfigError(f"eval.target_accuracy must be a fraction in (0, 1] or null, "
+                          f"got {target!r}")
     if not isinstance(ev["every"], int) or ev["every"] < 1:
         raise ConfigError(f"eval.every must be a positive integer, got {ev['every']!r}")
     every = config["run"]["checkpoint_every"]

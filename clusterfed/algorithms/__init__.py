@@ -7,6 +7,7 @@ from clusterfed.algorithms import (  # noqa: E402,F401,I001
     fedavg_ft,
     fednova,
     fedprox,
+    flhc,
     ifca,
     lg_fedavg,
     local,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import format_table, table_rows
-from clusterfed.report import cfl_plots, ifca_plots, pacfl_plots, plots
+from clusterfed.report import cfl_plots, flhc_plots, ifca_plots, pacfl_plots, plots
 from clusterfed.sim.outputs import read_config, read_jsonl
 
 
@@ -51,6 +51,8 @@ def _run_report(folder: Path) -> Path:
     if summary["algorithm"] == "pacfl":
         config = read_config(folder) if (folder / "config.yaml").exists() else {}
         lines += pacfl_plots.pacfl_section(folder, summary, metrics, config)
+    if summary["algorithm"] == "flhc":
+        lines += flhc_plots.flhc_section(folder, summary, metrics)
     path = folder / "report.md"
     path.write_text("\n".join(lines))
     return path
@@ -73,6 +75,8 @@ def _comparison_report(folder: Path) -> Path:
         lines += ["## Rounds to target and the paper's cost (PACFL Tables 4, 8, 9)", "",
                   *pacfl_plots.targets_table(runs, participation,
                                              pacfl_plots.model_size(runs["pacfl"])), ""]
+    if {"fedavg", "flhc"} <= set(runs):
+        lines += flhc_plots.comparison_section(folder, runs)
     path = folder / "report.md"
     path.write_text("\n".join(lines))
     return path

@@ -84,12 +84,17 @@ def best_of_path(executor: Executor, algorithm: Any, state: Any, view: ClusterVi
     return out, depth
 
 
-def round_record(per_client: np.ndarray, view: ClusterView, true_clusters: np.ndarray
-                 ) -> dict[str, Any]:
-    """Accuracy and clustering figures of one evaluation, JSON-ready."""
+def round_record(per_client: np.ndarray, view: ClusterView, true_clusters: np.ndarray,
+                 target_accuracy: float | None = None) -> dict[str, Any]:
+    """Accuracy and clustering figures of one evaluation, JSON-ready.
+
+    With a target accuracy, also the share of clients at or above it (FL+HC's second metric).
+    """
     acc = per_client[:, 1]
     found = view.assignment
     scores = clustering_scores(true_clusters, found)
+    extra = {} if target_accuracy is None else {
+        "clients_at_target": float(np.mean(acc >= target_accuracy - 1e-9))}
     return {
         "mean_accuracy": float(acc.mean()),
         "mean_loss": float(per_client[:, 0].mean()),
@@ -102,4 +107,5 @@ def round_record(per_client: np.ndarray, view: ClusterView, true_clusters: np.nd
         "n_clusters": view.num_clusters,
         "ari": scores["ari"],
         "nmi": scores["nmi"],
+        **extra,
     }

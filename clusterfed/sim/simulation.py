@@ -246,6 +246,7 @@ class Simulation:
     def _evaluate(self, state: Any, view: ClusterView, r: int) -> dict[str, Any]:
         """The evaluation protocol's per-client figures, as one metrics record (after round r)."""
         true = self.federation.true_clusters
+        target = self.config["eval"]["target_accuracy"]
         adaptation = getattr(self.algorithm, "adaptation", None)
         spec = None
         # An algorithm's own test-time adaptation replaces the 'cluster' and 'local' protocols'
@@ -256,12 +257,13 @@ class Simulation:
         if spec is not None:
             # Test-time adaptation: each client fine-tunes its served model, then is tested.
             served = evaluate_clients(self.executor, view, None)
-            record = round_record(evaluate_adapted(self.executor, view, spec, r), view, true)
+            record = round_record(evaluate_adapted(self.executor, view, spec, r), view, true,
+                                  target)
             record["served_mean_accuracy"] = float(served[:, 1].mean())
             return record
         if self.config["eval"]["protocol"] != "best_of_path":
             record = round_record(evaluate_clients(self.executor, view, self.own_models), view,
-                                  true)
+                                  true, target)
             if self.own_models is not None and self.config["eval"]["also_cluster"]:
                 # The other protocol too: each client's cluster model (PACFL reports both).
                 acc = evaluate_clients(self.executor, view, None)[:, 1]
@@ -270,7 +272,7 @@ class Simulation:
                                                                for a in acc]})
             return record
         chosen, depth = best_of_path(self.executor, self.algorithm, state, view)
-        record = round_record(chosen, view, true)
+        record = round_record(chosen, view, true, target)
         leaf = evaluate_clients(self.executor, view, None)
         record.update({"leaf_mean_accuracy": float(leaf[:, 1].mean()),
                        "chosen_path_depth": depth.tolist()})
@@ -290,7 +292,8 @@ class Simulation:
                       "per_client_accuracy": last["per_client_accuracy"],
                       "per_true_cluster_accuracy": last["per_true_cluster_accuracy"],
                       **{k: last[k] for k in ("cluster_mean_accuracy",
-                                              "cluster_per_client_accuracy") if k in last}},
+                                              "cluster_per_client_accuracy",
+                                              "clients_at_target") if k in last}},
             "clustering": {"assignment": view.assignment.tolist(),
                            "true_assignment": true.tolist(),
                            "n_clusters": view.num_clusters,

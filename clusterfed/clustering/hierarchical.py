@@ -1,0 +1,177 @@
+"""Agglomerative (hierarchical) clustering of client vectors: distances, linkage and the cut.
+
+Used by FL+HC (Briggs et al., 2020) on flattened client updates, and general enough for any
+method that holds a precomputed distance matrix (`cluster_condensed`).
+
+Conventions (FL+HC spec A9, A10):
+- metrics "l1" (Manhattan), "l2" (Euclidean), "cosine" (1 - cos, in [0, 2]);
+- linkages "single", "complete", "average" (UPGMA, what scipy calls average) and "ward"
+  (Euclidean only; scipy's height sqrt(2|A||B|/(|A|+|B|)) ||mu_A - mu_B||);
+- the cut merges while the merge height is <= tau (scipy `fcluster(criterion="distance")`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.cluster import hierarchy
+from scipy.spatial.distance import pdist, squareform
+
+METRICS = ("l1", "l2", "cosine")
+LINKAGES = ("single", "complete", "average", "ward")
+# How the threshold is read: an absolute merge height (the paper's tau); scale-free: a
+# fraction of the largest merge height, a multiple of the median merge height (most merges
+# join similar clients, so the median is the within-group scale), or a number of clusters.
+THRESHOLD_MODES = ("absolute", "relative", "median", "clusters")
+CHUNK_BYTES = 64 * 2**20   # float64 working memory per column block
+
+
+@dataclass(frozen=True)
+class Dendrogram:
+    """A flat clustering with the tree it was cut from."""
+
+    labels: np.ndarray     # (n,) int64, clusters numbered 0.. in order of first member
+    linkage: np.ndarray    # (n - 1, 4) scipy linkage matrix: a, b, height, size
+    threshold: float       # the absolute height the tree was cut at (nan for "clusters")
+
+    @property
+    def heights(self) -> np.ndarray:
+        return self.linkage[:, 2]
+
+    @property
+    def num_clusters(self) -> int:
+        return int(self.labels.max()) + 1 if len(self.labels) else 0
+
+
+def check_metric_linkage(metric: str, linkage: str) -> None:
+    """Reject unknown names and Ward with a non-Euclidean metric (its heights assume L2)."""
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    if linkage not in LINKAGES:
+        raise ValueError(f"linkage must be one of {', '.join(LINKAGES)}, got {linkage!r}")
+    if linkage == "ward" and metric != "l2":
+        raise ValueError(f"ward linkage needs the l2 (Euclidean) metric, got {metric!r}")
+
+
+def check_threshold(mode: str, threshold: float) -> None:
+    if mode not in THRESHOLD_MODES:
+        raise ValueError(f"threshold_mode must be one of {', '.join(THRESHOLD_MODES)}, "
+                         f"got {mode!r}")
+    if mode == "clusters":
+        if threshold != int(threshold) or threshold < 1:
+            raise ValueError(f"threshold_mode 'clusters' needs a whole threshold >= 1, "
+                             f"got {threshold}")
+    elif not threshold >= 0:
+        raise ValueError(f"threshold must be >= 0, got {threshold}")
+
+
+def column_blocks(vectors: np.ndarray) -> list[np.ndarray]:
+    """Column blocks of `vectors` (views) whose float64 copies fit in CHUNK_BYTES."""
+    n, d = vectors.shape
+    width = max(1, CHUNK_BYTES // (8 * max(n, 1)))
+    return [vectors[:, j:j + width] for j in range(0, d, width)]
+
+
+def gram_matrix(vectors: np.ndarray) -> np.ndarray:
+    """V V^T in float64, accumulated over column blocks (V may be float32 and large)."""
+    gram = np.zeros((len(vectors), len(vectors)))
+    for block in column_blocks(vectors):
+        block = block.astype(np.float64)
+        gram += block @ block.T
+    return gram
+
+
+def pairwise_distances(vectors: np.ndarray, metric: str) -> np.ndarray:
+    """(n, n) float64 distances between the rows of `vectors` (n x d).
+
+    L2 and cosine come from one Gram matrix (a matrix product); L1 sums scipy's C `pdist`
+    over column blocks. Neither loops over pairs in Python nor holds V in float64 at once.
+    A zero vector is at cosine distance 1 from every other vector.
+    """
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    vectors = np.asarray(vectors)
+    if vectors.ndim != 2:
+        raise ValueError("pairwise_distances needs an (n, d) array")
+    n = len(vectors)
+    if metric == "l1":
+        condensed = np.zeros(n * (n - 1) // 2)
+        for block in column_blocks(vectors):
+            condensed += pdist(block.astype(np.float64), "cityblock")
+        return squareform(condensed)
+    gram = gram_matrix(vectors)
+    sq = np.diag(gram).copy()
+    if metric == "l2":
+        dist = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2.0 * gram, 0.0))
+    else:
+        norms = np.sqrt(sq)
+        safe = np.where(norms > 0, norms, 1.0)
+        cos = gram / safe[:, None] / safe[None, :]
+        dist = np.clip(1.0 - cos, 0.0, 2.0)
+    np.fill_diagonal(dist, 0.0)
+    return (dist + dist.T) / 2.0   # exact symmetry for squareform
+
+
+def to_condensed(distances: np.ndarray) -> np.ndarray:
+    """The upper triangle of a square distance matrix, as scipy's linkage takes it."""
+    return squareform(np.asarray(distances, dtype=np.float64), checks=False)
+
+
+def first_appearance_labels(labels: np.ndarray) -> np.ndarray:
+    """Renumber cluster labels 0, 1, ... in the order their first member appears."""
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    rank = np.argsort(np.argsort(first))
+    return rank[inverse].astype(np.int64)
+
+
+def absolute_threshold(heights: np.ndarray, mode: str, threshold: float) -> float:
+    """The merge height a rule cuts at: tau, or tau times the largest / median merge height."""
+    if mode == "absolute":
+        return float(threshold)
+    if mode in ("relative", "median"):
+        if not len(heights):
+            return 0.0
+        scale = heights.max() if mode == "relative" else np.median(heights)
+        return float(threshold) * float(scale)
+    return float("nan")
+
+
+def cluster_condensed(condensed: np.ndarray, linkage: str, threshold: float,
+                      mode: str = "absolute") -> Dendrogram:
+    """Agglomerative clustering of a condensed distance matrix, cut by a threshold rule.
+
+    "absolute": merge while the height is <= threshold; "relative": the same at threshold x
+    the largest merge height (1.0 gives one cluster, 0 splits every distinct point);
+    "median": at threshold x the median merge height; "clusters": cut into at most
+    `threshold` clusters (scipy's "maxclust").
+    """
+    if linkage not in LINKAGES:
+        raise ValueError(f"linkage must be one of {', '.join(LINKAGES)}, got {linkage!r}")
+    check_threshold(mode, threshold)
+    condensed = np.asarray(condensed, dtype=np.float64)
+    n = int(round((1 + np.sqrt(1 + 8 * len(condensed))) / 2))
+    if n * (n - 1) // 2 != len(condensed):
+        raise ValueError(f"a condensed distance matrix has n(n-1)/2 entries; got "
+                         f"{len(condensed)}")
+    if not np.all(np.isfinite(condensed)) or np.any(condensed < 0):
+        raise ValueError("distances must be finite and non-negative")
+    if n == 1:
+        return Dendrogram(np.zeros(1, dtype=np.int64), np.zeros((0, 4)),
+                          absolute_threshold(np.zeros(0), mode, threshold))
+    tree = hierarchy.linkage(condensed, method=linkage)
+    cut = absolute_threshold(tree[:, 2], mode, threshold)
+    if mode == "clusters":
+        raw = hierarchy.fcluster(tree, t=int(threshold), criterion="maxclust")
+    else:
+        raw = hierarchy.fcluster(tree, t=cut, criterion="distance")
+    return Dendrogram(first_appearance_labels(raw), tree, cut)
+
+
+def hierarchical_clusters(vectors: np.ndarray, metric: str, linkage: str, threshold: float,
+                          mode: str = "absolute") -> Dendrogram:
+    """Cluster the rows of `vectors`: pairwise distances, linkage, cut (FL+HC Section II-B)."""
+    check_metric_linkage(metric, linkage)
+    check_threshold(mode, threshold)
+    distances = pairwise_distances(vectors, metric)
+    return cluster_condensed(to_condensed(distances), linkage, threshold, mode)

@@ -1,0 +1,227 @@
+"""`sweep`: one run per point of a grid of config values, and one table of the results.
+
+A config's `sweep` section says what varies (the rest of the config is the base of every run):
+
+    sweep:
+      grid:                          # dotted keys -> value lists; every combination is a point
+        train.participation: [0.1, 0.2]
+        algorithm.rounds_before_clustering: [1, 10]
+      cases:                         # optional: sets of values that go together, crossed with
+        - {algorithm.metric: l2, algorithm.linkage: ward}    # the grid
+        - {algorithm.metric: l1, algorithm.linkage: complete}
+      baseline: {algorithm.name: fedavg}   # optional: a reference run per point (runs that
+                                           # would be identical are run once); the table gives
+                                           # each figure's ratio to it at the same round
+      rounds:                        # table columns: label -> "last", a round (1-based), or
+        post-cluster: algorithm.rounds_before_clustering+1   # a swept key's value + offset
+        last: last
+      labels: {train.participation: cf}    # optional column names for swept keys
+      best_over: algorithm.threshold       # optional: per group of the other swept values,
+                                           # keep the point with the best last-round accuracy
+
+The table reports, per point and per column round, the mean client accuracy and (with
+eval.target_accuracy) the share of clients at the target, each with "(ratio x)" to the
+baseline, "(-)" where the baseline's figure is 0 (the layout of FL+HC's Tables I-VI).
+`best_over` selects on the test metric, as the FL+HC paper did: say so where it is used.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from clusterfed import config as cfg
+from clusterfed.errors import ConfigError
+from clusterfed.sim.outputs import read_jsonl
+from clusterfed.sim.simulation import build_federation_for, run_config
+
+SWEEP_KEYS = {"grid", "cases", "baseline", "rounds", "labels", "best_over"}
+
+
+def patch_of(values: Mapping[str, Any]) -> dict[str, Any]:
+    """{'train.lr': 0.1, 'seed': 2} -> {'train': {'lr': 0.1}, 'seed': 2} (a config patch)."""
+    patch: dict[str, Any] = {}
+    for key, value in values.items():
+        parts = str(key).split(".")
+        if parts[0] not in cfg.DEFAULTS or len(parts) > 2 or parts[0] == "sweep":
+            raise ConfigError(f"sweep key {key!r} must be a config key: section.key or seed")
+        if len(parts) == 1:
+            patch[parts[0]] = value
+        else:
+            patch.setdefault(parts[0], {})[parts[1]] = value
+    return patch
+
+
+def check_sweep(sweep: Mapping[str, Any]) -> None:
+    unknown = set(sweep) - SWEEP_KEYS
+    if unknown:
+        raise ConfigError(f"unknown sweep keys {sorted(unknown)}; valid: {sorted(SWEEP_KEYS)}")
+    grid = sweep.get("grid", {})
+    if not isinstance(grid, Mapping) or not all(
+            isinstance(v, list) and v for v in grid.values()):
+        raise ConfigError("sweep.grid maps dotted config keys to non-empty value lists")
+    cases = sweep.get("cases", [])
+    if not isinstance(cases, list) or not all(isinstance(c, Mapping) for c in cases):
+        raise ConfigError("sweep.cases is a list of mappings of dotted config keys to values")
+    if not grid and not cases:
+        raise ConfigError("the config's sweep section has neither grid nor cases: "
+                          "nothing to sweep")
+    best = sweep.get("best_over")
+    if best is not None and best not in grid:
+        raise ConfigError(f"sweep.best_over {best!r} must be one of the grid's keys")
+
+
+def grid_points(sweep: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every point of the sweep: {dotted key: value}, cases (outer) x grid (inner)."""
+    check_sweep(sweep)
+    grid = dict(sweep.get("grid", {}))
+    cases = list(sweep.get("cases", [])) or [{}]
+    combos = [dict(zip(grid, values, strict=True)) for values in itertools.product(
+        *grid.values())]
+    return [{**dict(case), **combo} for case in cases for combo in combos]
+
+
+def point_configs(config: Mapping[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(point values, its resolved run config) for each point; each config validated."""
+    sweep = config["sweep"]
+    base = cfg.merge(dict(config), {})
+    base["sweep"] = {}
+    return [(point, cfg.resolve(cfg.merge(base, patch_of(point))))
+            for point in grid_points(sweep)]
+
+
+def round_of(rule: Any, point_config: Mapping[str, Any]) -> int:
+    """A column's round (1-based) for one point: 'last', a number, or 'section.key+offset'."""
+    last = int(point_config["train"]["rounds"])
+    if rule == "last":
+        return last
+    if isinstance(rule, int) and not isinstance(rule, bool):
+        return rule
+    key, _, offset = str(rule).partition("+")
+    section, _, name = key.strip().partition(".")
+    try:
+        value = point_config[section][name] if name else point_config[section]
+        return int(value) + int(offset or 0)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ConfigError(f"sweep.rounds rule {rule!r}: not 'last', a number or "
+                          f"'section.key+offset' of the config") from err
+
+
+def figures_at(records: Sequence[Mapping[str, Any]], rnd: int) -> dict[str, float | None]:
+    """Mean accuracy and clients at target of the evaluated record of round `rnd`."""
+    for r in records:
+        if r.get("round") == rnd and "mean_accuracy" in r:
+            return {"mean_accuracy": r["mean_accuracy"],
+                    "clients_at_target": r.get("clients_at_target")}
+    return {"mean_accuracy": None, "clients_at_target": None}
+
+
+def run_sweep(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: str | None = None
+              ) -> dict[str, Any]:
+    """Run every point (and its baseline) into out_dir; write sweep.json and table.md."""
+    out = Path(out_dir)
+    sweep = config["sweep"]
+    points = point_configs(config)
+    rules = dict(sweep.get("rounds") or {"last": "last"})
+    baseline_patch = patch_of(sweep.get("baseline") or {})
+    federations: dict[str, Any] = {}
+    baselines: dict[str, dict[str, Any]] = {}
+    rows = []
+    out.mkdir(parents=True, exist_ok=True)
+    for i, (values, run_cfg) in enumerate(points):
+        row: dict[str, Any] = {"values": values, "run": f"points/{i:03d}"}
+        fed_key = json.dumps([run_cfg["data"], run_cfg["scenario"], run_cfg["seed"]],
+                             sort_keys=True, default=str)
+        if fed_key not in federations:   # points on the same federation build it once
+            federations[fed_key] = build_federation_for(run_cfg, data_dir)
+        federation = federations[fed_key]
+        run_config(run_cfg, out / row["run"], federation=federation)
+        records = read_jsonl(out / row["run"] / "metrics.jsonl")
+        base_records = None
+        if baseline_patch:
+            base_cfg = cfg.resolve(cfg.merge(run_cfg, baseline_patch))
+            key = cfg.dump(base_cfg)
+            if key not in baselines:
+                folder = f"baselines/{len(baselines):03d}"
+                run_config(base_cfg, out / folder, federation=federation)
+                baselines[key] = {"run": folder,
+                                  "records": read_jsonl(out / folder / "metrics.jsonl")}
+            row["baseline"] = baselines[key]["run"]
+            base_records = baselines[key]["records"]
+        row["columns"] = {}
+        for label, rule in rules.items():
+            rnd = round_of(rule, run_cfg)
+            cell: dict[str, Any] = {"round": rnd, **figures_at(records, rnd)}
+            if base_records is not None:
+                cell["baseline"] = figures_at(base_records, rnd)
+            row["columns"][label] = cell
+        rows.append(row)
+    result = {"grid": [p for p, _ in points], "rows": rows, "rounds": rules,
+              "labels": dict(sweep.get("labels") or {}), "best_over": sweep.get("best_over")}
+    (out / "config.yaml").write_text(cfg.dump(config))
+    (out / "sweep.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    (out / "table.md").write_text(format_sweep_table(result) + "\n")
+    return result
+
+
+def _ratio(value: float | None, base: float | None) -> str:
+    if value is None or base is None:
+        return ""
+    if base == 0:
+        return " (-)"
+    return f" ({value / base:.1f}x)"
+
+
+def _cell(cell: Mapping[str, Any], key: str) -> str:
+    value = cell.get(key)
+    if value is None:
+        return "n/a"
+    base = cell.get("baseline", {}).get(key) if "baseline" in cell else None
+    return f"{100 * value:.1f}" + _ratio(value, base)
+
+
+def best_rows(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The rows to tabulate: all, or per group the best by the last column's accuracy."""
+    rows = list(result["rows"])
+    best = result.get("best_over")
+    if not best:
+        return rows
+    last = list(result["rounds"])[-1]
+    groups: dict[str, Mapping[str, Any]] = {}
+    for row in rows:
+        key = json.dumps({k: v for k, v in row["values"].items() if k != best},
+                         sort_keys=True, default=str)
+        acc = row["columns"][last]["mean_accuracy"] or 0.0
+        if key not in groups or acc > (groups[key]["columns"][last]["mean_accuracy"] or 0.0):
+            groups[key] = row
+    return list(groups.values())
+
+
+def format_sweep_table(result: Mapping[str, Any]) -> str:
+    """A markdown table in the layout of FL+HC's Tables I-VI."""
+    rows = best_rows(result)
+    keys = list(rows[0]["values"]) if rows else []
+    labels = result.get("labels") or {}
+    columns = list(result["rounds"])
+    has_target = any(row["columns"][c].get("clients_at_target") is not None
+                     for row in rows for c in columns)
+    head = [labels.get(k, k.split(".")[-1]) for k in keys]
+    head += [f"test acc {c}" for c in columns]
+    if has_target:
+        head += [f"% clients at target {c}" for c in columns]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [str(row["values"][k]) for k in keys]
+        cells += [_cell(row["columns"][c], "mean_accuracy") for c in columns]
+        if has_target:
+            cells += [_cell(row["columns"][c], "clients_at_target") for c in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    note = ("Figures in %; in brackets the ratio to the baseline run at the same round, "
+            "(-) where the baseline's figure is 0.")
+    if result.get("best_over"):
+        note += (f" Each row is the best {result['best_over']} by the last column's test "
+                 f"accuracy (selection on test data, as in the paper).")
+    return "\n".join([*lines, "", note])

@@ -1,0 +1,211 @@
+"""FL+HC: FedAvg rounds, the all-client clustering round, per-cluster FedAvg."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import tiny_config
+
+from clusterfed.algorithms import RoundContext, Setup, build_algorithm
+from clusterfed.algorithms.flhc import FLHC, clients_in_cluster, sample_in_cluster
+from clusterfed.client.tasks import ClientResult, TaskKind, TrainSpec
+from clusterfed.config import merge
+from clusterfed.errors import ConfigError
+from clusterfed.sim.simulation import Simulation
+
+SPEC = TrainSpec(lr=0.1, batch_size=10)
+
+
+def fake_results(tasks, updates):
+    return [ClientResult(t.client, TaskKind.TRAIN, 10, updates[t.client], 0.0, meta=t.meta)
+            for t in tasks]
+
+
+def clustering_setup(n=9, d=6):
+    """Three known groups of update directions over n clients."""
+    truth = np.arange(n) % 3
+    directions = np.eye(d)[:3] * 2.0
+    rng = np.random.default_rng(0)
+    updates = (directions[truth] + 0.01 * rng.normal(size=(n, d))).astype(np.float32)
+    setup = Setup(n, np.arange(d, dtype=np.float32), np.full(n, 10), seed=5)
+    return setup, updates, truth
+
+
+def test_bad_options_are_config_errors():
+    with pytest.raises(ConfigError, match="ward linkage needs the l2"):
+        build_algorithm({"name": "flhc", "metric": "cosine", "linkage": "ward"})
+    for bad in ({"features": "gradients"}, {"rounds_before_clustering": -1},
+                {"threshold_mode": "clusters", "threshold": 0.5}, {"participation": 1.5},
+                {"cluster_rounding": "ceil"}):
+        with pytest.raises(ConfigError):
+            build_algorithm({"name": "flhc", **bad})
+
+
+def test_clustering_round_tasks_every_client_whatever_the_sample():
+    setup, updates, truth = clustering_setup()
+    algo = FLHC(rounds_before_clustering=2, metric="l2", linkage="average",
+                threshold=3, threshold_mode="clusters")
+    state = algo.init(setup)
+    before = algo.plan(state, RoundContext(1, np.array([4]), SPEC))
+    assert [t.client for t in before] == [4]
+    tasks = algo.plan(state, RoundContext(2, np.array([4]), SPEC))
+    assert [t.client for t in tasks] == list(range(9))
+    assert all(np.array_equal(t.params, setup.initial_params) for t in tasks)
+    upd = algo.update(state, RoundContext(2, np.array([4]), SPEC), fake_results(tasks, updates))
+    np.testing.assert_array_equal(upd.state.assignment, truth)
+    assert not upd.round_done   # the round's FedAvg step follows the clustering
+    # Paper (A4 default): every cluster model starts from w_n.
+    assert upd.state.models.shape == (3, 6)
+    assert all(np.array_equal(m, setup.initial_params) for m in upd.state.models)
+    event = upd.events[0]
+    assert event["type"] == "hierarchical_clustering" and len(event["tree"]) == 8
+    assert event["cluster_sizes"] == [3, 3, 3]
+
+
+def test_clusters_can_start_from_their_clustering_round_updates():
+    setup, updates, truth = clustering_setup()
+    algo = FLHC(rounds_before_clustering=0, metric="cosine", linkage="complete",
+                threshold=0.5, reuse_clustering_updates=True)
+    state = algo.init(setup)
+    ctx = RoundContext(0, np.arange(9), SPEC)
+    upd = algo.update(state, ctx, fake_results(algo.plan(state, ctx), updates))
+    assert upd.round_done
+    for c in range(3):
+        expected = setup.initial_params + updates[truth == c].astype(np.float64).mean(0)
+        np.testing.assert_allclose(upd.state.models[c], expected, rtol=1e-6)
+
+
+def test_per_cluster_rounds_sample_a_fraction_of_each_cluster_and_average_within_it():
+    setup, updates, truth = clustering_setup(n=12)
+    algo = FLHC(rounds_before_clustering=0, metric="l2", linkage="ward", threshold=3,
+                threshold_mode="clusters")
+    state = algo.init(setup)
+    ctx = RoundContext(0, np.arange(6), SPEC)   # the run samples C = 6 / 12 = 0.5
+    state = algo.update(state, ctx, fake_results(algo.plan(state, ctx), updates)).state
+    ctx = RoundContext(3, np.arange(6), SPEC)
+    tasks = algo.plan(state, ctx)
+    for c in range(3):
+        chosen = [t.client for t in tasks if t.meta["cluster"] == c]
+        assert len(chosen) == 2 and set(chosen) <= set(np.flatnonzero(truth == c))
+        assert all(np.array_equal(t.params, state.models[c]) for t in tasks
+                   if t.meta["cluster"] == c)
+    assert [t.client for t in algo.plan(state, ctx)] == [t.client for t in tasks]
+    new = algo.update(state, ctx, fake_results(tasks, updates)).state
+    for c in range(3):
+        chosen = [t.client for t in tasks if t.meta["cluster"] == c]
+        np.testing.assert_allclose(new.models[c], state.models[c] + updates[chosen].mean(0),
+                                   rtol=1e-6)
+
+
+def test_within_cluster_counts_and_samples():
+    assert clients_in_cluster(0.2, 25) == 5
+    assert clients_in_cluster(0.2, 4) == 1            # at least one
+    assert clients_in_cluster(0.3, 5) == 1            # floor (spec A5)
+    assert clients_in_cluster(0.3, 5, "round") == 2
+    members = np.array([2, 5, 7, 11, 13])
+    a = sample_in_cluster(1, 4, 0, members, 2)
+    assert a.tolist() == sample_in_cluster(1, 4, 0, members, 2).tolist()
+    assert set(a.tolist()) <= set(members.tolist()) and len(a) == 2
+    draws = {tuple(sample_in_cluster(1, r, 0, members, 2)) for r in range(20)}
+    assert len(draws) > 3   # rounds draw different clients
+
+
+def test_the_first_n_rounds_are_fedavg_exactly():
+    records = {"fedavg": [], "flhc": []}
+
+    def keep(name):
+        return lambda completed, record: records[name].append(record)
+
+    fedavg = Simulation(tiny_config("fedavg", train={"rounds": 3}), callbacks=[keep("fedavg")])
+    fedavg_summary = fedavg.run()
+    flhc_cfg = merge(tiny_config("flhc", train={"rounds": 3}),
+                     {"algorithm": {"name": "flhc", "rounds_before_clustering": 3}})
+    flhc = Simulation(flhc_cfg, callbacks=[keep("flhc")])
+    flhc_summary = flhc.run()
+    np.testing.assert_array_equal(flhc.state.models[0], fedavg.state.model)
+    assert flhc_summary["final"] == fedavg_summary["final"]
+    assert records["flhc"] == records["fedavg"]
+    # A longer run branches after round 3 and keeps the shared rounds.
+    longer = Simulation(merge(flhc_cfg, {"train": {"rounds": 4}}), callbacks=[keep("flhc")])
+    longer.run()
+    assert records["flhc"][3:6] == records["fedavg"]
+    assert "flhc_clustering" in records["flhc"][6]
+
+
+class RecordingExecutor:
+    """Wraps the simulator's executor and records which model each client is evaluated with."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def run(self, tasks, round_index, step=0):
+        return self.inner.run(tasks, round_index, step)
+
+    def train_sizes(self):
+        return self.inner.train_sizes()
+
+    def evaluate(self, params, clients, split="test"):
+        self.calls.append((params.copy(), list(clients)))
+        return self.inner.evaluate(params, clients, split)
+
+
+def test_every_client_is_evaluated_every_round_with_its_assigned_model():
+    cfg = merge(tiny_config("flhc", train={"rounds": 4, "participation": 0.5},
+                            eval={"every": 1, "target_accuracy": 0.5}),
+                {"algorithm": {"name": "flhc", "rounds_before_clustering": 1, "metric": "l2",
+                               "linkage": "ward", "threshold": 4, "threshold_mode": "clusters"}})
+    probe = Simulation(cfg)
+    recorder = RecordingExecutor(probe.executor)
+    per_round = []
+
+    def collect(completed, record):
+        per_round.append((record, list(recorder.calls)))
+        recorder.calls.clear()
+
+    sim = Simulation(cfg, executor=recorder, callbacks=[collect])
+    summary = sim.run()
+    assert len(per_round) == 4
+    for record, calls in per_round:
+        evaluated = sorted(c for _, clients in calls for c in clients)
+        assert evaluated == list(range(8))
+        acc = np.array(record["per_client_accuracy"])
+        assert record["clients_at_target"] == pytest.approx(np.mean(acc >= 0.5))
+    # After the last round, each client's model is its cluster's.
+    view = sim.algorithm.clusters(sim.state)
+    assert view.num_clusters == 4 and summary["clustering"]["n_clusters"] == 4
+    for params, clients in per_round[-1][1]:
+        for c in clients:
+            np.testing.assert_array_equal(params, view.models[view.assignment[c]])
+    # Before clustering, one model for all; from round 2 on, the clusters' models.
+    assert len(per_round[0][1]) == 1 and len(per_round[1][1]) == 4
+    assert per_round[1][0]["flhc_clustering"]["clustering_clients"] == 8
+
+
+def test_a_client_missing_from_the_clustering_round_gets_its_own_cluster():
+    setup, updates, truth = clustering_setup()
+    algo = FLHC(rounds_before_clustering=0, metric="l1", linkage="single", threshold=3,
+                threshold_mode="clusters")
+    state = algo.init(setup)
+    ctx = RoundContext(0, np.arange(9), SPEC)
+    tasks = [t for t in algo.plan(state, ctx) if t.client != 4]
+    new = algo.update(state, ctx, fake_results(tasks, updates)).state
+    assert new.assignment[4] == 3 and len(new.models) == 4
+    np.testing.assert_array_equal(np.delete(new.assignment, 4), np.delete(truth, 4))
+
+
+def test_a_run_interrupted_after_clustering_resumes_to_the_same_numbers(tmp_path):
+    from test_contract import StopAfter
+
+    from clusterfed.sim.simulation import resume_run, run_config
+
+    cfg = merge(tiny_config("flhc", train={"rounds": 4}, run={"checkpoint_every": 2}),
+                {"algorithm": {"name": "flhc", "rounds_before_clustering": 1,
+                               "threshold_mode": "clusters", "threshold": 3}})
+    whole = run_config(cfg, tmp_path / "whole")
+    with pytest.raises(KeyboardInterrupt):
+        run_config(cfg, tmp_path / "broken", callbacks=[StopAfter(3)])
+    resumed = resume_run(tmp_path / "broken")   # from round 2's checkpoint: clustered state
+    assert {k: v for k, v in resumed.items() if k != "wall_seconds"} == \
+        {k: v for k, v in whole.items() if k != "wall_seconds"}
+    assert (tmp_path / "broken" / "metrics.jsonl").read_text() == \
+        (tmp_path / "whole" / "metrics.jsonl").read_text()

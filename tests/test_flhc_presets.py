@@ -1,0 +1,169 @@
+"""FL+HC's presets and grids, the sweep command, the FL+HC report sections."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from helpers import cli, tiny_config
+
+from clusterfed import config as cfg
+from clusterfed.algorithms import build_algorithm
+from clusterfed.experiments.compare import compare
+from clusterfed.experiments.sweep import (
+    format_sweep_table,
+    grid_points,
+    point_configs,
+    round_of,
+    run_sweep,
+)
+from clusterfed.report import write_report
+from clusterfed.report.flhc_plots import comparison_rows, ratio
+from clusterfed.sim.simulation import build_federation_for, run_config
+
+SETTINGS = ["iid", "pathological", "labelswap"]
+PRESETS = [f"flhc-mnist-{s}{v}" for s in SETTINGS for v in ("", "-small")] + [
+    "flhc-femnist", "flhc-femnist-small"]
+GRIDS = ["flhc-grid-a", "flhc-grid-b"]
+
+
+@pytest.mark.parametrize("name", PRESETS + GRIDS)
+def test_presets_resolve_and_build_their_algorithm(name):
+    config = cfg.resolve(name)
+    assert config["algorithm"]["name"] == "flhc"
+    build_algorithm(config["algorithm"])
+    target = 0.8 if "femnist" in name else 0.99
+    assert config["eval"]["target_accuracy"] == target
+    assert config["train"]["rounds"] == 50 and config["train"]["participation"] == 0.2
+    assert config["train"]["batch_size"] == 10 and config["train"]["lr"] == 0.1
+
+
+def test_paper_scale_presets_use_the_papers_settings():
+    for name in PRESETS[::2][:3]:
+        c = cfg.resolve(name)
+        assert (c["scenario"]["clients"], c["scenario"]["samples_per_client"]) == (100, 600)
+        assert c["model"]["name"] == "fedavg_cnn" and c["train"]["local_epochs"] == 3
+        assert (c["algorithm"]["metric"], c["algorithm"]["linkage"],
+                c["algorithm"]["threshold"]) == ("l2", "ward", 3.0)
+    femnist = cfg.resolve("flhc-femnist")
+    assert femnist["scenario"]["clients"] == 367 and femnist["algorithm"]["threshold"] == 10.0
+
+
+def test_grid_a_is_c_by_n_and_grid_b_the_ten_pairings_by_tau():
+    a = grid_points(cfg.resolve("flhc-grid-a")["sweep"])
+    assert len(a) == 16
+    assert {(p["train.participation"], p["algorithm.rounds_before_clustering"]) for p in a} == {
+        (c, n) for c in (0.1, 0.2, 0.5, 1.0) for n in (1, 3, 5, 10)}
+    b_config = cfg.resolve("flhc-grid-b")
+    pairs = {(p["algorithm.metric"], p["algorithm.linkage"])
+             for p in grid_points(b_config["sweep"])}
+    assert len(pairs) == 10 and ("l2", "ward") in pairs and ("l1", "ward") not in pairs
+    for _, run_cfg in point_configs(b_config):   # every point is a valid configuration
+        build_algorithm(run_cfg["algorithm"])
+        assert run_cfg["sweep"] == {}
+
+
+@pytest.mark.shared_data
+def test_the_small_label_swap_federation_has_four_groups_of_25(shared_data):
+    config = cfg.resolve("flhc-mnist-labelswap-small", [f"data.root={shared_data}"])
+    federation = build_federation_for(config)
+    assert federation.num_clients == 100
+    assert np.bincount(federation.true_clusters).tolist() == [25, 25, 25, 25]
+    assert set(federation.train_sizes().tolist()) == {100}
+
+
+def test_femnist_preset_needs_the_leaf_files(tmp_path):
+    from clusterfed.errors import DataError
+
+    config = cfg.resolve("flhc-femnist-small", [f"data.root={tmp_path}"])
+    with pytest.raises(DataError, match="FEMNIST"):
+        build_federation_for(config)
+
+
+def test_round_rules():
+    c = cfg.resolve(tiny_config("flhc"), ["algorithm.rounds_before_clustering=3"])
+    assert round_of("last", c) == c["train"]["rounds"]
+    assert round_of(7, c) == 7
+    assert round_of("algorithm.rounds_before_clustering+1", c) == 4
+    with pytest.raises(cfg.ConfigError):
+        round_of("algorithm.nothing+1", c)
+
+
+def sweep_config():
+    base = tiny_config("flhc", train={"rounds": 3, "participation": 0.5},
+                       eval={"target_accuracy": 0.5}, run={"checkpoint_every": 0})
+    return cfg.merge(cfg.merge(base, {"algorithm": {
+        "name": "flhc", "rounds_before_clustering": 1, "threshold_mode": "clusters",
+        "threshold": 4}}), {"sweep": {
+            "grid": {"algorithm.threshold": [1, 4]},
+            "cases": [{"algorithm.metric": "cosine", "algorithm.linkage": "average"}],
+            "baseline": {"algorithm.name": "fedavg"},
+            "rounds": {"post-cluster": "algorithm.rounds_before_clustering+1",
+                       "last": "last"},
+            "labels": {"algorithm.metric": "dist"}}})
+
+
+def test_sweep_runs_every_point_once_and_tabulates_ratios_to_a_shared_baseline(tmp_path):
+    result = run_sweep(sweep_config(), tmp_path / "sweep")
+    assert len(result["rows"]) == 2
+    # One baseline for both points: FedAvg ignores the swept FL+HC options.
+    assert {r["baseline"] for r in result["rows"]} == {"baselines/000"}
+    assert not (tmp_path / "sweep" / "baselines" / "001").exists()
+    for row in result["rows"]:
+        summary = json.loads((tmp_path / "sweep" / row["run"] / "summary.json").read_text())
+        assert summary["clustering"]["n_clusters"] == row["values"]["algorithm.threshold"]
+        cell = row["columns"]["post-cluster"]
+        assert cell["round"] == 2
+        records = [json.loads(line) for line in
+                   (tmp_path / "sweep" / row["run"] / "metrics.jsonl").read_text().splitlines()]
+        assert cell["mean_accuracy"] == records[1]["mean_accuracy"]
+    table = (tmp_path / "sweep" / "table.md").read_text()
+    assert table.startswith("| dist | linkage | threshold | test acc post-cluster")
+    assert table.count("\n| cosine | average |") == 2 and "x)" in table
+
+
+def test_best_over_keeps_the_best_point_per_group():
+    rows = [{"values": {"m": m, "t": t}, "columns": {"last": {"mean_accuracy": acc}}}
+            for m, t, acc in [("a", 1, 0.5), ("a", 2, 0.7), ("b", 1, 0.9), ("b", 2, 0.6)]]
+    table = format_sweep_table({"rows": rows, "rounds": {"last": "last"}, "best_over": "t"})
+    lines = [line for line in table.splitlines() if line.startswith("| a") or
+             line.startswith("| b")]
+    assert lines == ["| a | 2 | 70.0 |", "| b | 1 | 90.0 |"]
+
+
+def test_sweep_cli_lists_the_grid(capsys):
+    code, out, _ = cli(capsys, "sweep", "flhc-grid-a", "--list")
+    assert code == 0 and len(out.splitlines()) == 16
+    assert "train.participation=0.1 algorithm.rounds_before_clustering=1" in out
+
+
+def test_ratio_as_the_paper_prints_it():
+    assert ratio(0.9, 0.6) == "1.50x" and ratio(0.5, 0.0) == "-" and ratio(None, 1) == "n/a"
+
+
+def test_flhc_run_and_comparison_reports(tmp_path):
+    config = cfg.merge(tiny_config("flhc", train={"rounds": 3, "participation": 0.5},
+                                   eval={"target_accuracy": 0.6}, run={"checkpoint_every": 0}),
+                       {"algorithm": {"name": "flhc", "rounds_before_clustering": 1,
+                                      "threshold_mode": "clusters", "threshold": 4}})
+    comparison = compare(config, tmp_path / "cmp", ["fedavg", "flhc"])
+    report = write_report(tmp_path / "cmp").read_text()
+    assert "## FL+HC against FL (FedAvg)" in report
+    assert (tmp_path / "cmp" / "flhc_vs_fedavg.png").exists()
+    own = (tmp_path / "cmp" / "flhc" / "report.md").read_text()
+    assert "clusters: 4" in own and (tmp_path / "cmp" / "flhc" / "flhc_dendrogram.png").exists()
+    runs = {n: [json.loads(x) for x in (tmp_path / "cmp" / n / "metrics.jsonl").read_text()
+                .splitlines()] for n in ("fedavg", "flhc")}
+    rows = comparison_rows(runs["fedavg"], runs["flhc"])
+    assert [r["round"] for r in rows] == [2, 3]
+    fl = comparison["summaries"]["fedavg"]["final"]["mean_accuracy"]
+    hc = comparison["summaries"]["flhc"]["final"]["mean_accuracy"]
+    assert rows[1]["accuracy_ratio"] == ratio(hc, fl)
+    assert rows[0]["fedavg"]["mean_accuracy"] == runs["fedavg"][1]["mean_accuracy"]
+
+
+def test_a_run_that_never_clusters_reports_so(tmp_path):
+    config = tiny_config("flhc", train={"rounds": 2}, run={"checkpoint_every": 0})
+    run_config(config, tmp_path / "run")
+    assert "No clustering round took place" in write_report(tmp_path / "run").read_text()
