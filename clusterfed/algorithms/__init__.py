@@ -1,7 +1,7 @@
 """Server logic only: each algorithm plans client tasks and updates an explicit state."""
 
 # Importing the modules registers the algorithms.
-from clusterfed.algorithms import cfl, fedavg, local  # noqa: E402,F401,I001
+from clusterfed.algorithms import cfl, fedavg, lcfl, local  # noqa: E402,F401,I001
 from clusterfed.algorithms.base import (
     ALGORITHMS,
     Algorithm,

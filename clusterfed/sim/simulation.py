@@ -22,7 +22,12 @@ from clusterfed.clustering.metrics import clustering_scores
 from clusterfed.data import Federation, build_federation, load_dataset
 from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel, build_model
-from clusterfed.sim.evaluation import best_of_path, evaluate_clients, round_record
+from clusterfed.sim.evaluation import (
+    best_of_path,
+    evaluate_clients,
+    round_record,
+    sampled_local_accuracy,
+)
 from clusterfed.sim.executor import Executor, SequentialExecutor
 from clusterfed.sim.outputs import RunFolder, read_config
 from clusterfed.sim.sampling import sample_clients
@@ -98,7 +103,10 @@ class Simulation:
                            self.executor.train_sizes(), seed)
         # Protocol 'local' evaluates each client's own last trained model, kept here.
         self.own_models: dict[int, np.ndarray] | None = (
-            {} if self.config["eval"]["protocol"] == "local" else None)
+            {} if self.config["eval"]["protocol"] in ("local", "sampled_local") else None)
+        # Protocol 'sampled_local': this round's sampled clients and their models from before it.
+        self.previous_models: dict[int, np.ndarray] = {}
+        self.round_sampled = np.arange(self.federation.num_clients)
 
     # One round -----------------------------------------------------------------------------
 
@@ -132,6 +140,11 @@ class Simulation:
         sampled = sample_clients(self.config["seed"], r, self.federation.num_clients,
                                  train["participation"])
         ctx = RoundContext(r, sampled, self.spec.decayed(float(train["lr_decay"]), r))
+        if self.config["eval"]["protocol"] == "sampled_local":
+            assert self.own_models is not None
+            self.round_sampled = sampled
+            self.previous_models = {int(c): self.own_models[int(c)] for c in sampled
+                                    if int(c) in self.own_models}
         metrics: dict[str, Any] = {}
         events: list[dict[str, Any]] = []
         losses: list[float] = []
@@ -220,6 +233,14 @@ class Simulation:
     def _evaluate(self, state: Any, view: ClusterView) -> dict[str, Any]:
         """The evaluation protocol's per-client figures, as one metrics record."""
         true = self.federation.true_clusters
+        if self.config["eval"]["protocol"] == "sampled_local":
+            record = round_record(evaluate_clients(self.executor, view, self.own_models), view,
+                                  true)
+            record["local_mean_accuracy"] = record["mean_accuracy"]
+            record["mean_accuracy"] = sampled_local_accuracy(
+                self.executor, view, self.previous_models, self.round_sampled,
+                np.array([len(c.test_y) for c in self.federation.clients]))
+            return record
         if self.config["eval"]["protocol"] != "best_of_path":
             return round_record(evaluate_clients(self.executor, view, self.own_models), view,
                                 true)
