@@ -174,8 +174,8 @@ def fence_eps(d: np.ndarray, min_samples: int) -> float:
 
 def dbscan(d: np.ndarray, *, eps: float | None = None, min_samples: int = 5,
            noise: str = "nearest") -> np.ndarray:
-    """DBSCAN on d (eps None: `fence_eps`); noise points join the nearest core point's cluster, or become singletons,
-    or form one cluster together (the authors' code)."""
+    """DBSCAN on d (eps None: `fence_eps`); noise points join the nearest core point's
+    cluster, or become singletons, or form one cluster together (the authors' code)."""
     d = check_distance(d)
     if noise not in NOISE_RULES:
         raise ValueError(f"noise must be one of {NOISE_RULES}, got {noise!r}")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import format_table, table_rows
-from clusterfed.report import cfl_plots, plots
+from clusterfed.report import cfl_plots, lcfl_plots, plots
 from clusterfed.sim.outputs import read_jsonl
 
 
@@ -46,6 +46,8 @@ def _run_report(folder: Path) -> Path:
     ]
     if summary["algorithm"] == "cfl":
         lines += cfl_plots.cfl_section(folder, summary, metrics)
+    if summary["algorithm"] == "lcfl":
+        lines += lcfl_plots.lcfl_section(folder, summary, metrics)
     path = folder / "report.md"
     path.write_text("\n".join(lines))
     return path
