@@ -123,6 +123,24 @@ def test_diffnorm_clusters_without_an_exchange_step_and_gradcos_asks_for_gradien
     tasks = algo.plan(upd.state, RoundContext(1, np.arange(n), sim.spec, step=1))
     assert [t.kind for t in tasks] == [TaskKind.GRADIENT] * n
     np.testing.assert_array_equal(tasks[0].params, upd.state.models[0])   # A19: common point
+    # Sattler-style: the cosine of the warm-up's last updates, no extra step.
+    upd = Simulation(lcfl_config(metric="gradcos", gradcos_from="update")).algorithm.update(
+        state, ctx, grad.executor.run(algo.plan(state, ctx), 1))
+    assert upd.round_done and upd.state.clustered
+
+
+def test_eq6_and_the_no_split_rule():
+    sim = Simulation(lcfl_config(metric="loss_eq6"))
+    algo, state, n = sim.algorithm, sim.algorithm.init(sim.setup), sim.federation.num_clients
+    ctx = RoundContext(1, np.arange(n), sim.spec)
+    upd = algo.update(state, ctx, sim.executor.run(algo.plan(state, ctx), 1))
+    step = RoundContext(1, np.arange(n), sim.spec, step=1)
+    results = sim.executor.run(algo.plan(upd.state, step), 1, step=1)
+    lmat = np.stack([r.losses for r in results])
+    d = algo._distance(upd.state, results)
+    np.testing.assert_allclose(d, ld.eq6_distance(lmat))
+    labels, _ = LCFL(k=3, min_distance=float(d.max()) + 1).cluster_labels(d)
+    assert (labels == 0).all()
 
 
 def test_local_warm_up_trains_every_client_alone_for_t_epochs():
@@ -179,6 +197,8 @@ def test_exchange_cost_counts_the_all_pairs_exchange():
         "model_evaluations": 9, "bytes_down_per_client": 80, "bytes_up_per_client": 8}
     assert exchange_cost("loss", "local", 3, 10)["bytes_up_per_client"] == 48
     assert exchange_cost("gradcos", "federated", 3, 10)["bytes_up_per_client"] == 40
+    assert exchange_cost("gradcos", "federated", 3, 10, "update")["bytes_up_per_client"] == 0
+    assert exchange_cost("loss_eq6", "federated", 3, 10)["bytes_up_per_client"] == 12
     assert logged_clients(10, 20).tolist() == list(range(10))
     assert logged_clients(1200, 100).tolist()[:3] == [0, 12, 24]
 

@@ -41,6 +41,16 @@ def test_rows_computed_per_client_assemble_to_the_central_matrix():
     assert (np.diag(halves) == 0).all()
 
 
+def test_eq6_on_the_hand_built_case():
+    # d~(i,j) = |L_i(w_i) - L_j(w_i)| + |L_i(w_j) - L_j(w_j)|, same L as above:
+    # (0,1): |1 - 4| + |3 - 2| = 4; (0,2): |1 - 0.5| + |1.5 - 1| = 1; (1,2): |2 - 7| + |2 - 1| = 6.
+    lmat = np.array([[1.0, 3.0, 1.5],
+                     [4.0, 2.0, 2.0],
+                     [0.5, 7.0, 1.0]])
+    np.testing.assert_allclose(ld.eq6_distance(lmat),
+                               [[0, 4, 1], [4, 0, 6], [1, 6, 0]])
+
+
 def test_triangle_inequality_can_fail():
     # Spec 9.1's counterexample: d(i,j) = d(j,k) = 0 but d(i,k) = 2.
     lmat = np.array([[0.0, 0.0, 1.0], [0.5, 0.5, 0.5], [1.0, 0.0, 0.0]])
@@ -81,6 +91,21 @@ def test_loss_distance_is_invariant_to_hidden_unit_permutation_diffnorm_is_not()
     before = ld.diffnorm_distance(params.numpy())
     after = ld.diffnorm_distance(permuted.numpy())
     assert abs(after[2, 0] - before[2, 0]) > 0.1
+
+
+def test_loss_distance_is_invariant_to_a_logit_shift_diffnorm_is_not():
+    """Spec 3.3: adding c to every logit of w_j (its last-layer bias) leaves L_i(w_j) alone."""
+    model = FlatModel(_mlp())
+    gen = torch.Generator().manual_seed(1)
+    params = torch.randn(3, model.size, generator=gen) * 0.5
+    x, y = torch.randn(40, 8, generator=gen), torch.randint(0, 3, (40,), generator=gen)
+    shifted = params.clone()
+    shifted[1, -3:] += 2.0   # "3.bias", the last 3 entries of the flat vector
+    np.testing.assert_allclose(losses(model, shifted, x, y), losses(model, params, x, y),
+                               rtol=1e-5)
+    # ... while DiffNorm puts the same function c * sqrt(K) away from itself.
+    same = ld.diffnorm_distance(torch.stack([params[1], shifted[1]]).numpy())[0, 1]
+    assert same == pytest.approx(2.0 * np.sqrt(3), rel=1e-5)
 
 
 def test_diffnorm_and_gradcos_against_direct_formulas():

@@ -40,23 +40,26 @@ class LCFLState:
     num_samples: np.ndarray     # training samples per client (Setup)
     clustered: bool = False
     warm_models: np.ndarray | None = None   # (num_clients, d) w_i, only while d is built
+    warm_start: np.ndarray | None = None    # the model the warm-up's last step started from
     medoids: np.ndarray | None = None       # per cluster, its most central client in d
 
 
-def exchange_cost(metric: str, warmup: str, num_clients: int, num_params: int
-                  ) -> dict[str, int]:
+def exchange_cost(metric: str, warmup: str, num_clients: int, num_params: int,
+                  gradcos_from: str = "gradient") -> dict[str, int]:
     """Per client, what the clustering exchange moves beyond the warm-up's own messages.
 
     loss: M-1 models down, M-1 scalars up, and w_i up after a local warm-up (a federated one
-    already sent it as its update); M^2 model evaluations in all. diffnorm: w_i up after a
-    local warm-up. gradcos: one gradient up, one evaluation each (the model is already held).
+    already sent it as its update); M^2 model evaluations in all (loss_eq6: M raw losses up,
+    L_i(w_i) included). diffnorm, and gradcos from updates: w_i up after a local warm-up.
+    gradcos from gradients: one gradient up, one evaluation each (the model is already held).
     """
     m, model_bytes = num_clients, num_params * FLOAT_BYTES
     own_up = model_bytes if warmup == "local" else 0
-    if metric == "loss":
+    if metric in ("loss", "loss_eq6"):
+        scalars = m - 1 if metric == "loss" else m
         return {"model_evaluations": m * m, "bytes_down_per_client": (m - 1) * model_bytes,
-                "bytes_up_per_client": own_up + (m - 1) * FLOAT_BYTES}
-    if metric == "gradcos":
+                "bytes_up_per_client": own_up + scalars * FLOAT_BYTES}
+    if metric == "gradcos" and gradcos_from == "gradient":
         return {"model_evaluations": m, "bytes_down_per_client": 0,
                 "bytes_up_per_client": model_bytes}
     return {"model_evaluations": 0, "bytes_down_per_client": 0, "bytes_up_per_client": own_up}
@@ -75,12 +78,15 @@ class LCFL:
     k: int | None = None              # clusters; None: by silhouette on d up to k_max
     k_max: int = 10
     min_silhouette: float | None = None  # below it, keep one cluster (A26, an extension)
+    min_distance: float | None = None    # if max d is below it, keep one cluster (A26)
     warmup: str = "federated"         # or "local" (Algorithm 1)
     warmup_rounds: int = 5            # federated: FedAvg rounds, the last with every client
     warmup_epochs: int | None = 10    # local: T as local epochs (A2) ...
     warmup_steps: int | None = None   # ... or as SGD steps (set warmup_epochs: null)
     warmup_full_batch: bool = False   # local: full-gradient steps, as Alg. 1 prints (A3)
-    metric: str = "loss"              # Eq. 2; "diffnorm", "gradcos": Section V-A
+    metric: str = "loss"              # Eq. 2; "diffnorm", "gradcos": Section V-A; "loss_eq6"
+    gradcos_from: str = "gradient"    # full-batch gradients at the global model (A19), or
+                                      # "update": the warm-up's last updates (Sattler-style)
     loss_data: str = "train"          # or "train+test" (the authors' code, D3)
     loss_samples: int | None = None   # a fixed random subsample per client (off: all data)
     clustering: str = "kmedoids"      # or "dbscan", "hierarchical"
@@ -97,7 +103,9 @@ class LCFL:
     log_distance_clients: int = 1000  # rows of d written to events.jsonl (evenly spaced)
     toy_mixture_options: ClassVar[dict[str, Any]] = {"rounds": 6, "k": 4, "warmup_rounds": 4}
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
-        "warmup": ("federated", "local"), "metric": ("loss", "diffnorm", "gradcos"),
+        "warmup": ("federated", "local"),
+        "metric": ("loss", "diffnorm", "gradcos", "loss_eq6"),
+        "gradcos_from": ("gradient", "update"),
         "loss_data": ("train", "train+test"),
         "clustering": ("kmedoids", "dbscan", "hierarchical"),
         "kmedoids_method": pc.MEDOID_METHODS, "kmedoids_init": pc.MEDOID_INITS,
@@ -157,7 +165,7 @@ class LCFL:
         if state.warm_models is None:                         # lines 1-5: every client's w_i
             return [ClientTask(c, TaskKind.TRAIN, state.models[0],
                                self._warmup_spec(ctx.train)) for c in everyone]
-        if self.metric == "loss":                             # lines 6-9: one row each
+        if self.metric in ("loss", "loss_eq6"):               # lines 6-9: one row each
             spec = LossSpec(self.loss_data, self.loss_samples)
             return [ClientTask(c, TaskKind.LOSSES, state.warm_models, loss=spec)
                     for c in everyone]
@@ -173,9 +181,15 @@ class LCFL:
             return Update(self._global_fedavg(state, results))
         if state.warm_models is None:
             state = self._warmed_up(state, results)
-            if self.metric != "diffnorm":
+            if self._needs_exchange:
                 return Update(state, round_done=False)        # the exchange is one more step
         return self._cluster(state, results)
+
+    @property
+    def _needs_exchange(self) -> bool:
+        """Whether d needs a step of client work after the warm-up (not for parameter metrics)."""
+        return self.metric != "diffnorm" and not (self.metric == "gradcos"
+                                                  and self.gradcos_from == "update")
 
     def _global_fedavg(self, state: LCFLState, results: Sequence[ClientResult]) -> LCFLState:
         if not results:
@@ -192,7 +206,7 @@ class LCFL:
             warm[r.client] = start + r.update
         if self.warmup == "federated":
             state = self._global_fedavg(state, results)
-        return replace(state, warm_models=warm)
+        return replace(state, warm_models=warm, warm_start=start.copy())
 
     def _distance(self, state: LCFLState, results: Sequence[ClientResult]) -> np.ndarray:
         """d from the clients' messages; a client that sent nothing is far from everyone."""
@@ -201,10 +215,19 @@ class LCFL:
         if self.metric == "diffnorm":
             return ld.diffnorm_distance(state.warm_models)
         if self.metric == "gradcos":
+            if self.gradcos_from == "update":
+                assert state.warm_start is not None
+                return ld.gradcos_distance(state.warm_models - state.warm_start)
             grads = np.zeros_like(state.warm_models)
             for r in results:
                 grads[r.client] = r.update
             return ld.gradcos_distance(grads)
+        if self.metric == "loss_eq6":
+            lmat = np.zeros((m, m))
+            for r in results:
+                assert r.losses is not None
+                lmat[r.client] = r.losses
+            return ld.eq6_distance(lmat)
         halves = np.zeros((m, m))
         reported = np.zeros(m, dtype=bool)
         for r in results:
@@ -236,6 +259,8 @@ class LCFL:
             keep_one = (not scores or self.min_silhouette is not None
                         and scores[best] < self.min_silhouette)
             labels = np.zeros(len(d), dtype=np.int64) if keep_one else self._with_k(d, best)
+        if self.min_distance is not None and float(d.max(initial=0.0)) < self.min_distance:
+            labels = np.zeros(len(d), dtype=np.int64)   # nobody is distinguishable (A26)
         info["silhouette"] = round(pc.silhouette(d, labels), 6)
         return labels, info
 
@@ -264,7 +289,7 @@ class LCFL:
         else:
             models = np.stack([weighted_mean(state.warm_models[labels == c], aggregation_weights(
                 state.num_samples[labels == c], self.weighting)) for c in range(clusters)])
-        cost = exchange_cost(self.metric, self.warmup, m, num_params)
+        cost = exchange_cost(self.metric, self.warmup, m, num_params, self.gradcos_from)
         seconds = [float(r.meta.get("seconds", 0.0)) for r in results]
         shown = logged_clients(m, self.log_distance_clients)
         event = {"type": "lcfl_clustering", "metric": self.metric, "clusters": clusters,
@@ -276,7 +301,7 @@ class LCFL:
         metrics: Mapping[str, Any] = {"lcfl": {"clusters": clusters, **cost,
                                                "silhouette": info["silhouette"]}}
         new = replace(state, models=models.astype(np.float32), assignment=labels,
-                      clustered=True, warm_models=None, medoids=medoids)
+                      clustered=True, warm_models=None, warm_start=None, medoids=medoids)
         return Update(new, metrics, [event])
 
     def _cluster_fedavg(self, state: LCFLState, results: Sequence[ClientResult]) -> LCFLState:

@@ -40,6 +40,21 @@ def loss_distance(loss_matrix: np.ndarray) -> np.ndarray:
     return assemble(np.abs(lmat - np.diag(lmat)[:, None]))
 
 
+def eq6_distance(loss_matrix: np.ndarray) -> np.ndarray:
+    """The rejected alternative (Eq. 6): |L_i(w_i) - L_j(w_i)| + |L_i(w_j) - L_j(w_j)|.
+
+    It compares two clients' losses under the same model, so clients must send their raw
+    losses L_i(w_j) (one more message than Eq. 2's halves, which is why the paper rejects it).
+    """
+    lmat = np.asarray(loss_matrix, dtype=np.float64)
+    if lmat.ndim != 2 or lmat.shape[0] != lmat.shape[1]:
+        raise ValueError(f"the loss matrix must be square (M x M), got {lmat.shape}")
+    a = np.abs(np.diag(lmat)[:, None] - lmat.T)   # |L_i(w_i) - L_j(w_i)| at [i, j]
+    d = a + a.T                                   # + |L_j(w_j) - L_i(w_j)|
+    np.fill_diagonal(d, 0.0)
+    return d
+
+
 def _gram(vectors: np.ndarray) -> np.ndarray:
     """V V^T (float32 products, float64 result), one block of rows at a time."""
     v = np.ascontiguousarray(vectors, dtype=np.float32)
