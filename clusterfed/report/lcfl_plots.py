@@ -41,15 +41,15 @@ def distance_plot(event: Record, true: Sequence[int], path: Path) -> None:
     labels = np.asarray(true)[clients]
     found = np.asarray(event["labels"])[clients]
     order = true_order(labels, found)
-    fig, axes = plt.subplots(1, 2, figsize=(9, 4.2), gridspec_kw={"width_ratios": [20, 1]})
-    image = axes[0].imshow(d[np.ix_(order, order)], cmap="viridis", interpolation="nearest")
+    fig, ax = plt.subplots(figsize=(5.6, 4.6))
+    image = ax.imshow(d[np.ix_(order, order)], cmap="viridis", interpolation="nearest")
     edges = np.flatnonzero(np.diff(labels[order])) + 0.5
     for e in edges:
-        axes[0].axhline(e, color="white", lw=0.8)
-        axes[0].axvline(e, color="white", lw=0.8)
-    axes[0].set(title=f"LCFL d ({event.get('metric', 'loss')}), clients by true cluster",
-                xlabel="client (ordered)", ylabel="client (ordered)")
-    fig.colorbar(image, cax=axes[1])
+        ax.axhline(e, color="white", lw=0.8)
+        ax.axvline(e, color="white", lw=0.8)
+    ax.set(title=f"LCFL d ({event.get('metric', 'loss')}), clients by true cluster",
+           xlabel="client (ordered)", ylabel="client (ordered)")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
