@@ -53,7 +53,8 @@ DEFAULTS: dict[str, Any] = {
 CLOSED_SECTIONS = {"train", "eval", "run", "compare"}
 # Changing one of these keys drops the base config's other keys of that section.
 KIND_KEYS = {"data": "dataset", "scenario": "kind", "model": "name", "algorithm": "name"}
-EVAL_PROTOCOLS = ("cluster", "local", "best_of_path")
+# "sampled_local": LCFL's authors' figure (sim/evaluation.py, `sampled_local_accuracy`).
+EVAL_PROTOCOLS = ("cluster", "local", "best_of_path", "sampled_local")
 # Keys that keep their meaning when the section's kind changes.
 KIND_INDEPENDENT = {
     "scenario": {"clients", "clusters", "samples_per_client", "test_samples_per_client", "test",

@@ -9,6 +9,7 @@ from clusterfed.algorithms import (  # noqa: E402,F401,I001
     fedprox,
     flhc,
     ifca,
+    lcfl,
     lg_fedavg,
     local,
     pacfl,

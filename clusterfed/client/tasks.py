@@ -100,6 +100,24 @@ class LocalObjective:
 
 
 @dataclass(frozen=True)
+class LossSpec:
+    """Which of its data a client scores models on in a LOSSES task.
+
+    `data`: "train" (default) or "train+test" (LCFL's authors' code). `max_samples`: a random
+    subsample of that many, drawn once per task from the task's seed, the same for every model.
+    """
+
+    data: str = "train"
+    max_samples: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.data not in ("train", "train+test"):
+            raise ConfigError(f"loss data must be 'train' or 'train+test', got {self.data!r}")
+        if self.max_samples is not None and self.max_samples < 1:
+            raise ConfigError(f"max_samples must be positive or null, got {self.max_samples}")
+
+
+@dataclass(frozen=True)
 class ClientTask:
     """One unit of work for one client.
 
@@ -115,6 +133,7 @@ class ClientTask:
     train: TrainSpec | None = None
     meta: Mapping[str, int | float | str] = field(default_factory=dict)
     objective: LocalObjective | None = None
+    loss: LossSpec | None = None          # LOSSES: which data (default: all training data)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -13,6 +14,7 @@ from clusterfed.client.tasks import (
     ClientResult,
     ClientTask,
     LocalObjective,
+    LossSpec,
     TaskKind,
     TrainSpec,
 )
@@ -178,6 +180,21 @@ def losses(model: FlatModel, stacked: torch.Tensor, x: torch.Tensor, y: torch.Te
     return np.array([evaluate(model, w, x, y)[0] for w in stacked], dtype=np.float64)
 
 
+def loss_data(train_xy: tuple[torch.Tensor, torch.Tensor],
+              test_xy: tuple[torch.Tensor, torch.Tensor], spec: LossSpec | None,
+              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The data a LOSSES task scores on: training (and test) data, maybe a fixed subsample."""
+    x, y = train_xy
+    if spec is None:
+        return x, y
+    if spec.data == "train+test":
+        x, y = torch.cat([x, test_xy[0]]), torch.cat([y, test_xy[1]])
+    if spec.max_samples is not None and spec.max_samples < len(y):
+        keep = torch.randperm(len(y), generator=generator)[:spec.max_samples].sort().values
+        x, y = x[keep], y[keep]
+    return x, y
+
+
 def gradient(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor
              ) -> tuple[torch.Tensor, float]:
     """Full-batch gradient of the mean loss, accumulated in chunks to bound memory."""
@@ -219,8 +236,12 @@ def run_task(model: FlatModel, task: ClientTask, train_xy: tuple[torch.Tensor, t
         return signature_result(task, x, y)
     stacked = params if params.dim() == 2 else params[None]
     if task.kind is TaskKind.LOSSES:
-        return ClientResult(task.client, task.kind, len(y), losses=losses(model, stacked, x, y),
-                            meta=task.meta)
+        began = time.perf_counter()
+        lx, ly = loss_data(train_xy, test_xy, task.loss, generator)
+        values = losses(model, stacked, lx, ly)
+        # The client's compute time, for cost reports (LCFL's M^2 evaluations); not in state.
+        meta = {**task.meta, "seconds": time.perf_counter() - began}
+        return ClientResult(task.client, task.kind, len(y), losses=values, meta=meta)
     tx, ty = test_xy
     pairs = [evaluate(model, w, tx, ty) for w in stacked]
     return ClientResult(task.client, task.kind, len(ty),

@@ -17,10 +17,12 @@ def algorithm_sections(config: Mapping[str, Any], names: Sequence[str] | None
                        ) -> list[dict[str, Any]]:
     """The algorithm sections to compare: explicit names, else the config's list, else all.
 
-    A list entry is a name or a mapping {name: ..., option: ...} with that algorithm's options.
+    A list entry is a name or a mapping {name: ..., option: ...} with that algorithm's options;
+    an optional `label` names the run (one algorithm under several options, e.g. LCFL's metric
+    ablations) and is what `names` and the table use.
     """
     listed = list(config["compare"]["algorithms"])
-    own_options = {e["name"]: e for e in listed if isinstance(e, Mapping)}
+    own_options = {e.get("label", e["name"]): e for e in listed if isinstance(e, Mapping)}
     # A name asked for on the command line keeps the options the config gives it.
     entries: list[Any] = [own_options.get(n, n) for n in names] if names else listed
     if not entries:
@@ -38,15 +40,15 @@ def compare(config: Mapping[str, Any], out_dir: str | Path, names: Sequence[str]
     """Run each algorithm on the same federation (built once); write comparison.json."""
     out = Path(out_dir)
     sections = algorithm_sections(config, names)
-    labels = [s["name"] for s in sections]
+    labels = [str(s.pop("label", s["name"])) for s in sections]
     if len(set(labels)) != len(labels):
-        raise ConfigError("compare lists an algorithm twice; give each run a distinct name")
+        raise ConfigError("compare lists an algorithm twice; give each run a distinct name "
+                          "or label")
     federation = build_federation_for(config, data_dir)
     summaries = {}
-    for section in sections:
+    for label, section in zip(labels, sections, strict=True):
         run_cfg = cfg.merge(dict(config), {"algorithm": section})
-        summaries[section["name"]] = run_config(run_cfg, out / section["name"],
-                                                federation=federation)
+        summaries[label] = run_config(run_cfg, out / label, federation=federation)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(cfg.dump(config))
     comparison = {"algorithms": labels, "summaries": summaries}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import format_table, table_rows
-from clusterfed.report import cfl_plots, flhc_plots, ifca_plots, pacfl_plots, plots
+from clusterfed.report import cfl_plots, flhc_plots, ifca_plots, lcfl_plots, pacfl_plots, plots
 from clusterfed.sim.outputs import read_config, read_jsonl
 
 
@@ -53,6 +53,8 @@ def _run_report(folder: Path) -> Path:
         lines += pacfl_plots.pacfl_section(folder, summary, metrics, config)
     if summary["algorithm"] == "flhc":
         lines += flhc_plots.flhc_section(folder, summary, metrics)
+    if summary["algorithm"] == "lcfl":
+        lines += lcfl_plots.lcfl_section(folder, summary, metrics)
     path = folder / "report.md"
     path.write_text("\n".join(lines))
     return path

@@ -63,6 +63,25 @@ def evaluate_adapted(executor: Executor, view: ClusterView, spec: TrainSpec, rou
     return out
 
 
+def sampled_local_accuracy(executor: Executor, view: ClusterView,
+                           previous: dict[int, np.ndarray], sampled: np.ndarray,
+                           test_sizes: np.ndarray) -> float:
+    """LCFL's authors' figure (lcfl.md 4.4, D8): protocol 'sampled_local'.
+
+    Each of the round's sampled clients scores the model it held before the round's training
+    (its previous local model; its cluster model if it has not trained yet) on its test data;
+    the clients' accuracies are averaged weighted by their test samples.
+    """
+    sampled = np.asarray(sampled, dtype=np.int64)
+    if len(sampled) == 0:
+        return float("nan")
+    acc = np.array([executor.evaluate(previous[c] if c in previous
+                                      else view.models[view.assignment[c]], [c])[0, 1]
+                    for c in sampled.tolist()])
+    weights = np.asarray(test_sizes, dtype=np.float64)[sampled]
+    return float(acc @ weights / weights.sum()) if weights.sum() > 0 else float(acc.mean())
+
+
 def best_of_path(executor: Executor, algorithm: Any, state: Any, view: ClusterView
                  ) -> tuple[np.ndarray, np.ndarray]:
     """Protocol 'best_of_path': each client's best model on its root-to-leaf path.

@@ -28,6 +28,7 @@ from clusterfed.sim.evaluation import (
     evaluate_adapted,
     evaluate_clients,
     round_record,
+    sampled_local_accuracy,
 )
 from clusterfed.sim.executor import Executor, SequentialExecutor
 from clusterfed.sim.outputs import RunFolder, read_config
@@ -124,7 +125,10 @@ class Simulation:
                            layout, draw_initial=initial_draws(module, seed, first, transform))
         # Protocol 'local' evaluates each client's own last trained model, kept here.
         self.own_models: dict[int, np.ndarray] | None = (
-            {} if self.config["eval"]["protocol"] == "local" else None)
+            {} if self.config["eval"]["protocol"] in ("local", "sampled_local") else None)
+        # Protocol 'sampled_local': this round's sampled clients and their models from before it.
+        self.previous_models: dict[int, np.ndarray] = {}
+        self.round_sampled = np.arange(self.federation.num_clients)
 
     # One round -----------------------------------------------------------------------------
 
@@ -158,6 +162,11 @@ class Simulation:
         sampled = sample_clients(self.config["seed"], r, self.federation.num_clients,
                                  train["participation"])
         ctx = RoundContext(r, sampled, self.spec.decayed(float(train["lr_decay"]), r))
+        if self.config["eval"]["protocol"] == "sampled_local":
+            assert self.own_models is not None
+            self.round_sampled = sampled
+            self.previous_models = {int(c): self.own_models[int(c)] for c in sampled
+                                    if int(c) in self.own_models}
         metrics: dict[str, Any] = {}
         events: list[dict[str, Any]] = []
         losses: list[float] = []
@@ -247,6 +256,14 @@ class Simulation:
         """The evaluation protocol's per-client figures, as one metrics record (after round r)."""
         true = self.federation.true_clusters
         target = self.config["eval"]["target_accuracy"]
+        if self.config["eval"]["protocol"] == "sampled_local":
+            record = round_record(evaluate_clients(self.executor, view, self.own_models), view,
+                                  true, target)
+            record["local_mean_accuracy"] = record["mean_accuracy"]
+            record["mean_accuracy"] = sampled_local_accuracy(
+                self.executor, view, self.previous_models, self.round_sampled,
+                np.array([len(c.test_y) for c in self.federation.clients]))
+            return record
         adaptation = getattr(self.algorithm, "adaptation", None)
         spec = None
         # An algorithm's own test-time adaptation replaces the 'cluster' and 'local' protocols'

@@ -1,0 +1,139 @@
+"""Time to build LCFL's dissimilarity matrix d, and what its exchange moves per client.
+
+Building d takes M^2 model evaluations: each of M clients scores all M warm-up models on its
+own data (one LOSSES task, the client's row of Eq. 2). Here each client holds 200 synthetic
+1x28x28 images (the same work per image as MNIST) and the model is CNNFEMnist_Tiny (417,482
+parameters), as at the paper's Rotated MNIST m = 1200.
+
+A row is timed through the clients' own task code (`run_task` with a 2-D LOSSES task). When
+all M rows would take too long, `--rows` of them are timed and the whole matrix is
+extrapolated as M x (seconds per row): the output says which figures are measured and which
+extrapolated. The assembly of d from the rows (`loss_distance.assemble`) is timed in full.
+
+    python benchmarks/lcfl_matrix.py [--clients 120 1200] [--rows N] [--images 200]
+                                     [--threads 1] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from clusterfed.client.tasks import ClientTask, TaskKind
+from clusterfed.client.work import run_task
+from clusterfed.clustering import loss_distance as ld
+from clusterfed.models import FlatModel, build_model
+
+MODEL = "cnn_femnist_tiny"
+FLOAT_BYTES = 4
+
+
+def client_data(images: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.rand(images, 1, 28, 28, generator=gen),
+            torch.randint(0, 10, (images,), generator=gen))
+
+
+def time_rows(model: FlatModel, stacked: np.ndarray, rows: int, images: int) -> list[float]:
+    """Seconds of each of `rows` clients' LOSSES task over all stacked models."""
+    seconds = []
+    for client in range(rows):
+        data = client_data(images, client)
+        task = ClientTask(client, TaskKind.LOSSES, stacked)
+        began = time.perf_counter()
+        result = run_task(model, task, data, data, torch.Generator().manual_seed(client))
+        seconds.append(time.perf_counter() - began)
+        assert result.losses is not None and len(result.losses) == len(stacked)
+    return seconds
+
+
+def measure(clients: int, rows: int, images: int, seed: int = 0) -> dict[str, Any]:
+    module = build_model(name=MODEL, input_shape=(1, 28, 28), n_classes=10)
+    model = FlatModel(module)
+    base = model.initial_vector().numpy()
+    rng = np.random.default_rng(seed)
+    # The warm-up models (the cost does not depend on their values), filled in place: at
+    # M = 1200 they take 2 GB.
+    stacked = np.repeat(base[None], clients, axis=0)
+    for row in stacked:
+        row += 0.01 * rng.standard_normal(model.size, dtype=np.float32)
+    rows = min(rows, clients)
+    time_rows(model, stacked[:2], 1, images)            # warm the allocator and kernels up
+    seconds = time_rows(model, stacked, rows, images)
+    per_row = float(np.mean(seconds))
+    halves = np.abs(rng.standard_normal((clients, clients)))
+    began = time.perf_counter()
+    ld.assemble(halves)
+    assemble_s = time.perf_counter() - began
+    model_bytes = model.size * FLOAT_BYTES
+    return {
+        "clients": clients, "images_per_client": images, "parameters": model.size,
+        "rows_timed": rows, "rows_total": clients, "extrapolated": rows < clients,
+        "seconds_per_row": per_row,
+        "seconds_per_model_evaluation": per_row / clients,
+        "images_per_second": clients * images / per_row,
+        "matrix_seconds": per_row * clients + assemble_s,
+        "slowest_client_seconds": per_row,
+        "assemble_seconds": assemble_s,
+        "model_evaluations": clients * clients,
+        "download_bytes_per_client": (clients - 1) * model_bytes,
+        "upload_bytes_per_client": (clients - 1) * FLOAT_BYTES,
+        "download_bytes_total": clients * (clients - 1) * model_bytes,
+        "server_memory_bytes": clients * model_bytes,
+    }
+
+
+def human(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000:
+            return f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} PB"
+
+
+def duration(s: float) -> str:
+    return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, nargs="+", default=[120, 1200])
+    parser.add_argument("--rows", type=int, default=2,
+                        help="client rows timed per M; the rest is extrapolated")
+    parser.add_argument("--images", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"LCFL distance matrix: {MODEL}, {args.images} images per client, torch "
+          f"{torch.__version__}, {args.threads} thread(s), load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    results = [measure(m, args.rows, args.images) for m in args.clients]
+    for r in results:
+        how = (f"extrapolated from {r['rows_timed']} timed rows of {r['rows_total']}"
+               if r["extrapolated"] else "all rows timed")
+        print(f"\nM = {r['clients']}: {r['model_evaluations']:,} model evaluations of "
+              f"{r['images_per_client']} images")
+        print(f"  one client's row ({r['clients']} models): {r['seconds_per_row']:.2f} s "
+              f"({1e3 * r['seconds_per_model_evaluation']:.1f} ms per model, "
+              f"{r['images_per_second']:,.0f} images/s)")
+        print(f"  whole d on one worker: {duration(r['matrix_seconds'])} ({how}); with one "
+              f"worker per client: {duration(r['slowest_client_seconds'])}")
+        print(f"  assembling d from the rows: {1e3 * r['assemble_seconds']:.1f} ms")
+        print(f"  per client: {human(r['download_bytes_per_client'])} down "
+              f"({r['clients'] - 1} models of {human(r['parameters'] * FLOAT_BYTES)}), "
+              f"{human(r['upload_bytes_per_client'])} up; all clients: "
+              f"{human(r['download_bytes_total'])} down")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Clustering from a precomputed distance matrix only (no coordinates, so no k-means).
+
+LCFL (lcfl.md 2.5, A7, A8, A21, A26) clusters its loss dissimilarity d this way: k-medoids
+(PAM's BUILD and SWAP, or the authors' "alternate" with the "heuristic" init), DBSCAN, and
+agglomerative (binary hierarchical) clustering, with k given or chosen by the silhouette on d.
+Every function returns labels 0..K-1 numbered by first appearance in client order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.cluster.hierarchy import fcluster, linkage
+from scipy.spatial.distance import squareform
+from sklearn.cluster import DBSCAN
+from sklearn.metrics import silhouette_score
+
+MEDOID_METHODS = ("pam", "alternate")
+MEDOID_INITS = ("build", "heuristic", "random")
+LINKAGES = ("average", "complete", "single")
+NOISE_RULES = ("nearest", "singletons", "together")
+
+
+def check_distance(d: np.ndarray) -> np.ndarray:
+    d = np.asarray(d, dtype=np.float64)
+    if d.ndim != 2 or d.shape[0] != d.shape[1]:
+        raise ValueError(f"a distance matrix must be square, got shape {d.shape}")
+    if not np.isfinite(d).all() or (d < 0).any():
+        raise ValueError("a distance matrix must be finite and non-negative")
+    return d
+
+
+def relabel(labels: np.ndarray) -> np.ndarray:
+    """Labels renumbered 0..K-1 in order of first appearance."""
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    order = np.argsort(np.argsort(first))
+    return order[inverse].astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Medoids:
+    medoids: np.ndarray   # indices of the k medoids
+    labels: np.ndarray    # nearest medoid's position in `medoids`, per point
+    cost: float           # sum of distances to the nearest medoid
+
+
+def medoid_cost(d: np.ndarray, medoids: np.ndarray) -> float:
+    return float(d[:, medoids].min(axis=1).sum())
+
+
+def _result(d: np.ndarray, medoids: np.ndarray) -> Medoids:
+    medoids = np.sort(np.asarray(medoids, dtype=np.int64))
+    return Medoids(medoids, d[:, medoids].argmin(axis=1), medoid_cost(d, medoids))
+
+
+def _build(d: np.ndarray, k: int) -> np.ndarray:
+    """PAM's BUILD: the most central point, then greedily the point that lowers the cost most."""
+    chosen = [int(d.sum(axis=1).argmin())]
+    nearest = d[:, chosen[0]].copy()
+    for _ in range(1, k):
+        cost = np.minimum(nearest[:, None], d).sum(axis=0)
+        cost[chosen] = np.inf
+        best = int(cost.argmin())
+        chosen.append(best)
+        nearest = np.minimum(nearest, d[:, best])
+    return np.array(chosen)
+
+
+def _swap(d: np.ndarray, medoids: np.ndarray, max_iter: int) -> np.ndarray:
+    """PAM's SWAP: apply the best improving (medoid, non-medoid) exchange until none improves.
+
+    For each medoid slot p, `without[i]` is point i's distance to the nearest other medoid; the
+    cost after swapping slot p for candidate o is sum_i min(without[i], d[i, o]).
+    """
+    medoids = medoids.copy()
+    current = medoid_cost(d, medoids)
+    for _ in range(max_iter):
+        to_medoids = d[:, medoids]
+        order = np.argsort(to_medoids, axis=1)
+        first = to_medoids[np.arange(len(d)), order[:, 0]]
+        second = (to_medoids[np.arange(len(d)), order[:, 1]] if len(medoids) > 1
+                  else np.full(len(d), np.inf))
+        best_cost, best_swap = current, None
+        for p in range(len(medoids)):
+            without = np.where(order[:, 0] == p, second, first)
+            cost = np.minimum(without[:, None], d).sum(axis=0)
+            cost[medoids] = np.inf
+            o = int(cost.argmin())
+            if cost[o] < best_cost - 1e-12 * max(1.0, abs(best_cost)):
+                best_cost, best_swap = float(cost[o]), (p, o)
+        if best_swap is None:
+            break
+        medoids[best_swap[0]] = best_swap[1]
+        current = best_cost
+    return medoids
+
+
+def _alternate(d: np.ndarray, medoids: np.ndarray, max_iter: int) -> np.ndarray:
+    """Voronoi iteration: assign to the nearest medoid, move each medoid to its cluster's centre."""
+    medoids = medoids.copy()
+    for _ in range(max_iter):
+        labels = d[:, medoids].argmin(axis=1)
+        new = medoids.copy()
+        for p in range(len(medoids)):
+            members = np.flatnonzero(labels == p)
+            if len(members):
+                new[p] = members[d[np.ix_(members, members)].sum(axis=1).argmin()]
+        if np.array_equal(np.sort(new), np.sort(medoids)):
+            break
+        medoids = new
+    return medoids
+
+
+def k_medoids(d: np.ndarray, k: int, *, method: str = "pam", init: str = "build",
+              restarts: int = 1, seed: int = 0, max_iter: int = 300) -> Medoids:
+    """k-medoids on a distance matrix; the lowest-cost result over the restarts.
+
+    `init`: "build" (PAM), "heuristic" (the k smallest row sums: scikit-learn-extra's, which
+    the authors' code uses), or "random" (distinct points drawn from `seed`; the other inits are
+    deterministic and ignore `restarts`).
+    """
+    d = check_distance(d)
+    n = len(d)
+    if not 1 <= k <= n:
+        raise ValueError(f"k-medoids needs 1 <= k <= {n} points, got k={k}")
+    if method not in MEDOID_METHODS or init not in MEDOID_INITS:
+        raise ValueError(f"method must be one of {MEDOID_METHODS} and init one of {MEDOID_INITS}")
+    rng = np.random.default_rng(seed)
+    best: Medoids | None = None
+    for _ in range(restarts if init == "random" else 1):
+        if init == "build":
+            start = _build(d, k)
+        elif init == "heuristic":
+            start = np.argsort(d.sum(axis=1), kind="stable")[:k]
+        else:
+            start = rng.choice(n, size=k, replace=False)
+        found = (_swap if method == "pam" else _alternate)(d, start, max_iter)
+        result = _result(d, found)
+        if best is None or result.cost < best.cost:
+            best = result
+    assert best is not None
+    return best
+
+
+def hierarchical(d: np.ndarray, *, k: int | None = None, threshold: float | None = None,
+                 linkage_method: str = "average") -> np.ndarray:
+    """Agglomerative clustering of d, cut into k clusters or at a distance threshold."""
+    d = check_distance(d)
+    if (k is None) == (threshold is None):
+        raise ValueError("hierarchical clustering needs exactly one of k and threshold")
+    if linkage_method not in LINKAGES:
+        raise ValueError(f"linkage must be one of {LINKAGES}, got {linkage_method!r}")
+    if len(d) == 1:
+        return np.zeros(1, dtype=np.int64)
+    tree = linkage(squareform((d + d.T) / 2, checks=False), method=linkage_method)
+    labels = (fcluster(tree, t=k, criterion="maxclust") if k is not None
+              else fcluster(tree, t=threshold, criterion="distance"))
+    return relabel(labels)
+
+
+def fence_eps(d: np.ndarray, min_samples: int) -> float:
+    """DBSCAN's eps from the distances of each point to its min_samples-th nearest neighbour.
+
+    eps is the upper Tukey fence (Q3 + 1.5 IQR) of those distances, at most their maximum:
+    points whose neighbourhood is sparser than the fence allows become noise (A21 asks for a
+    data-driven eps; the k-distance "knee" is unreliable when there is no noise at all).
+    """
+    d = check_distance(d)
+    kth = np.sort(d, axis=1)[:, min(min_samples, len(d)) - 1]
+    q1, q3 = np.percentile(kth, [25, 75])
+    return float(min(q3 + 1.5 * (q3 - q1), kth.max())) or 1e-12
+
+
+def dbscan(d: np.ndarray, *, eps: float | None = None, min_samples: int = 5,
+           noise: str = "nearest") -> np.ndarray:
+    """DBSCAN on d (eps None: `fence_eps`); noise points join the nearest core point's
+    cluster, or become singletons, or form one cluster together (the authors' code)."""
+    d = check_distance(d)
+    if noise not in NOISE_RULES:
+        raise ValueError(f"noise must be one of {NOISE_RULES}, got {noise!r}")
+    eps = fence_eps(d, min_samples) if eps is None else float(eps)
+    fit = DBSCAN(eps=eps, min_samples=min_samples, metric="precomputed").fit(d)
+    labels = fit.labels_.copy()
+    outliers = np.flatnonzero(labels < 0)
+    core = fit.core_sample_indices_
+    if len(outliers) == len(labels):
+        return np.zeros(len(labels), dtype=np.int64) if noise != "singletons" else \
+            np.arange(len(labels))
+    if noise == "nearest" and len(core):
+        labels[outliers] = labels[core[d[np.ix_(outliers, core)].argmin(axis=1)]]
+    elif noise == "singletons" or noise == "nearest":
+        labels[outliers] = labels.max() + 1 + np.arange(len(outliers))
+    else:
+        labels[outliers] = labels.max() + 1
+    return relabel(labels)
+
+
+def silhouette(d: np.ndarray, labels: np.ndarray) -> float:
+    """Mean silhouette on d; -1 where it is undefined (one cluster, or one point per cluster)."""
+    k = len(np.unique(labels))
+    if not 2 <= k <= len(labels) - 1:
+        return -1.0
+    return float(silhouette_score(check_distance(d), labels, metric="precomputed"))

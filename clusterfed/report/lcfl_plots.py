@@ -1,0 +1,108 @@
+"""LCFL's figures and the report's "LCFL" section, drawn from a run folder's records.
+
+The records: events.jsonl's "lcfl_clustering" event (its round, the found labels, the logged
+clients' rows of d, the exchange's cost), metrics.jsonl's accuracy per evaluated round, and
+summary.json's true assignment. Rounds are the simulator's (1-based).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from clusterfed.clustering.metrics import clustering_scores  # noqa: E402
+from clusterfed.sim.outputs import read_jsonl  # noqa: E402
+
+Record = Mapping[str, Any]
+IMAGES = {"distance": "lcfl_distance.png", "accuracy": "lcfl_accuracy.png"}
+
+
+def clustering_event(events: Sequence[Record]) -> Record | None:
+    found = [e for e in events if e.get("type") == "lcfl_clustering"]
+    return found[-1] if found else None
+
+
+def true_order(true: Sequence[int], found: Sequence[int]) -> np.ndarray:
+    """Positions sorted by true cluster, then found cluster, then position."""
+    return np.lexsort((np.arange(len(true)), np.asarray(found), np.asarray(true)))
+
+
+def distance_plot(event: Record, true: Sequence[int], path: Path) -> None:
+    """d with the logged clients ordered by true cluster; ticks mark the true blocks."""
+    clients = np.asarray(event["distance_clients"], dtype=np.int64)
+    d = np.asarray(event["distance"], dtype=np.float64)
+    labels = np.asarray(true)[clients]
+    found = np.asarray(event["labels"])[clients]
+    order = true_order(labels, found)
+    fig, ax = plt.subplots(figsize=(5.6, 4.6))
+    image = ax.imshow(d[np.ix_(order, order)], cmap="viridis", interpolation="nearest")
+    edges = np.flatnonzero(np.diff(labels[order])) + 0.5
+    for e in edges:
+        ax.axhline(e, color="white", lw=0.8)
+        ax.axvline(e, color="white", lw=0.8)
+    ax.set(title=f"LCFL d ({event.get('metric', 'loss')}), clients by true cluster",
+           xlabel="client (ordered)", ylabel="client (ordered)")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def accuracy_plot(metrics: Sequence[Record], clustering_round: int | None, path: Path) -> None:
+    """Mean and per-true-cluster accuracy; the warm-up shaded up to the clustering round."""
+    rows = [m for m in metrics if "mean_accuracy" in m]
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    rounds = [m["round"] for m in rows]
+    if rows:
+        for k in sorted(rows[-1]["per_true_cluster_accuracy"], key=int):
+            ax.plot(rounds, [m["per_true_cluster_accuracy"].get(k, np.nan) for m in rows],
+                    lw=1, alpha=0.6, label=f"true cluster {k}")
+        ax.plot(rounds, [m["mean_accuracy"] for m in rows], color="black", lw=2, label="mean")
+    if clustering_round is not None:
+        ax.axvspan(0, clustering_round, color="grey", alpha=0.2, label="warm-up")
+        ax.axvline(clustering_round, color="grey", ls="--", lw=1)
+    ax.set(xlabel="round (warm-up included)", ylabel="client test accuracy", ylim=(0, 1))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def lcfl_section(folder: Path, summary: Record, metrics: Sequence[Record]) -> list[str]:
+    """The report lines of the LCFL section; writes its PNGs into `folder`."""
+    events = read_jsonl(folder / "events.jsonl") if (folder / "events.jsonl").exists() else []
+    event = clustering_event(events)
+    true = summary["clustering"]["true_assignment"]
+    lines = ["## LCFL", ""]
+    if event is None:
+        accuracy_plot(metrics, None, folder / IMAGES["accuracy"])
+        return lines + ["The run ended before the clustering round (still in the warm-up).",
+                        "", f"![accuracy]({IMAGES['accuracy']})", ""]
+    scores = clustering_scores(np.asarray(true), np.asarray(event["labels"]))
+    distance_plot(event, true, folder / IMAGES["distance"])
+    accuracy_plot(metrics, int(event["round"]), folder / IMAGES["accuracy"])
+    shown = len(event["distance_clients"])
+    lines += [
+        f"- clustered once, in round {event['round']}, on the {event.get('metric', 'loss')} "
+        f"dissimilarity: {event['clusters']} clusters, ARI {scores['ari']:.3f} against the "
+        f"true clusters, silhouette on d {event.get('silhouette', float('nan')):.3f}",
+        f"- exchange cost: {event['model_evaluations']:,} model evaluations, "
+        f"{event['bytes_down_per_client'] / 1e6:.2f} MB down and "
+        f"{event['bytes_up_per_client'] / 1e6:.4f} MB up per client; client compute "
+        f"{event['client_seconds_total']:.1f} s in all, {event['client_seconds_max']:.2f} s "
+        f"for the slowest client",
+        "",
+        f"### d, clients ordered by true cluster ({shown} of {len(true)} clients)", "",
+        f"![distance]({IMAGES['distance']})", "",
+        "### Accuracy per round, the warm-up shaded", "",
+        f"![accuracy]({IMAGES['accuracy']})", "",
+    ]
+    return lines
