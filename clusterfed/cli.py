@@ -161,7 +161,11 @@ def flower_local(source: str | None, overrides: tuple[str, ...], clients: int | 
                  simulation: bool, client_cpus: float, client_gpus: float, reply_timeout: float,
                  verbose_flower: bool) -> None:
     """Run PRESET or CONFIG.yaml on a SuperLink and SuperNodes started on 127.0.0.1."""
-    from clusterfed.flower.launch import run_local
+    try:
+        from clusterfed.flower.launch import run_local
+    except ImportError as err:
+        raise ClusterfedError(f"Flower is not installed ({err}): "
+                              f"pip install 'clusterfed[flower]'") from err
 
     if resume_dir:
         if source or overrides:

@@ -21,6 +21,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from clusterfed import config as cfg
+from clusterfed.errors import ClusterfedError
 from clusterfed.flower.executor import FlowerExecutor
 from clusterfed.sim.outputs import CHECKPOINT, read_config
 from clusterfed.sim.simulation import Simulation
@@ -54,7 +55,9 @@ def progress_line(total: int) -> Any:
 def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
     """Join the nodes, then run (or resume) the experiment; returns its summary."""
     out = Path(str(run_config.get("out-dir", "runs/flower"))).expanduser()
-    resume = bool(run_config.get("resume", False)) and (out / CHECKPOINT).exists()
+    resume = bool(run_config.get("resume", False))
+    if resume and not (out / CHECKPOINT).exists():
+        raise ClusterfedError(f"resume=true, but {out} holds no checkpoint to resume from")
     # A resumed run continues with its folder's own config, whatever the run config says.
     config = read_config(out) if resume else experiment_config(run_config)
     config["run"]["progress"] = False    # no progress bar in a log stream; one line per round
