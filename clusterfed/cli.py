@@ -149,8 +149,8 @@ def flower() -> None:
               help="TLS on the SuperLink (test certificates) and SuperNode authentication.")
 @click.option("--simulation", is_flag=True,
               help="Flower's simulation runtime (Ray) instead of SuperNode processes.")
-@click.option("--client-cpus", type=float, default=1.0, show_default=True,
-              help="Simulation runtime: CPUs per virtual node.")
+@click.option("--client-cpus", type=int, default=1, show_default=True,
+              help="Simulation runtime: CPUs per virtual node (a whole number).")
 @click.option("--client-gpus", type=float, default=0.0, show_default=True,
               help="Simulation runtime: GPUs per virtual node.")
 @click.option("--reply-timeout", type=float, default=600.0, show_default=True,
@@ -158,7 +158,7 @@ def flower() -> None:
 @click.option("--verbose-flower", is_flag=True, help="Stream all of Flower's log lines.")
 def flower_local(source: str | None, overrides: tuple[str, ...], clients: int | None,
                  out: str | None, data_dir: str | None, resume_dir: str | None, secure: bool,
-                 simulation: bool, client_cpus: float, client_gpus: float, reply_timeout: float,
+                 simulation: bool, client_cpus: int, client_gpus: float, reply_timeout: float,
                  verbose_flower: bool) -> None:
     """Run PRESET or CONFIG.yaml on a SuperLink and SuperNodes started on 127.0.0.1."""
     try:

@@ -131,3 +131,16 @@ def test_the_cli_runs_with_tls_and_supernode_authentication_and_stops_everything
     node_log = (out / "flower" / "logs" / "supernode-0.log").read_text()
     assert "--insecure" not in node_log
     assert processes_mentioning(str(out / "flower")) == []
+
+
+def test_the_simulation_runtime_runs_the_same_app_with_the_same_result(tmp_path):
+    pytest.importorskip("ray", reason="Flower's simulation runtime needs the simulation extra: "
+                        "pip install -c constraints.txt -e '.[flower,simulation]'")
+    from clusterfed.flower.launch import run_local
+
+    config = flower_config(FLOWER_ALGORITHMS[-1])
+    expected = run_config(config)
+    got = run_local(config, tmp_path / "run", simulation=True, client_cpus=1,
+                    echo=lambda line: None)
+    assert_same_run(got, expected)
+    assert processes_mentioning(str(tmp_path / "run" / "flower")) == []

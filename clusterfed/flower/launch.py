@@ -25,7 +25,7 @@ def run_config_for(config: Mapping[str, Any], folder: Path, *, resume: bool = Fa
 
 def run_local(config: Mapping[str, Any], folder: str | Path, *, clients: int | None = None,
               data_dir: str | None = None, resume: bool = False, secure: bool = False,
-              simulation: bool = False, client_cpus: float = 1.0, client_gpus: float = 0.0,
+              simulation: bool = False, client_cpus: int = 1, client_gpus: float = 0.0,
               reply_timeout: float = 600.0, join_timeout: float = 300.0,
               echo: Callable[[str], None] = print, verbose: bool = False) -> dict[str, Any]:
     """Start a SuperLink and the SuperNodes, run the experiment, stop every process.

@@ -156,7 +156,7 @@ class LocalFederation:
     secure: bool = False
     simulation: bool = False
     data_dir: str | None = None
-    client_cpus: float = 1.0
+    client_cpus: int = 1
     client_gpus: float = 0.0
     echo: Callable[[str], None] = print
     port: int = 0
@@ -311,8 +311,8 @@ class LocalFederation:
         if self.simulation:
             argv += ["--federation-config",
                      f"num-supernodes={self.num_nodes} "
-                     f"client-resources-num-cpus={self.client_cpus} "
-                     f"client-resources-num-gpus={self.client_gpus}"]
+                     f"client-resources-num-cpus={int(self.client_cpus)} "
+                     f"client-resources-num-gpus={float(self.client_gpus)}"]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=self.env(), cwd=self.workdir,
                                 text=True, bufsize=1, start_new_session=True)
