@@ -52,8 +52,12 @@ def progress_line(total: int) -> Any:
     return report
 
 
-def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """Join the nodes, then run (or resume) the experiment; returns its summary."""
+def run_experiment(grid: Grid, run_config: Mapping[str, Any], *, report: bool = True
+                   ) -> dict[str, Any]:
+    """Join the nodes, then run (or resume) the experiment; returns its summary.
+
+    `report`: also write report.md with its plots into the run folder.
+    """
     out = Path(str(run_config.get("out-dir", "runs/flower"))).expanduser()
     resume = bool(run_config.get("resume", False))
     if resume and not (out / CHECKPOINT).exists():
@@ -71,9 +75,10 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any]) -> dict[str, Any]:
     sim = Simulation(config, out, federation=executor.federation(), executor=executor,
                      callbacks=[progress_line(config["train"]["rounds"])])
     summary = sim.run(resume=resume)
-    from clusterfed.report import write_report
+    if report:
+        from clusterfed.report import write_report
 
-    write_report(out)
+        write_report(out)
     print("[clusterfed] done: " + json.dumps(
         {"mean_accuracy": summary["final"]["mean_accuracy"],
          "n_clusters": summary["clustering"]["n_clusters"], "ari": summary["clustering"]["ari"],
