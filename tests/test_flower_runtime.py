@@ -186,6 +186,7 @@ def test_a_node_of_another_federation_cannot_join():
                               clock=clock, sleep=clock.sleep)
     with pytest.raises(ClusterfedError, match="partition-id=7 is outside"):
         executor.join()
+    assert grid.pushed == 4          # one hello per node: a node that failed is not asked again
 
 
 # The ServerApp's body: resume after a crash ---------------------------------------------------

@@ -55,8 +55,12 @@ class FlowerExecutor:
         return max(self.reply_timeout, self.join_timeout) + 60.0
 
     def _discover(self) -> None:
-        """Say hello to every node that serves no known client and has no hello pending."""
-        known = set(self.node_of.values()) | set(self._hellos.values())
+        """Say hello to every node that serves no known client and has no hello pending.
+
+        A node whose hello failed is not asked again (a restarted SuperNode has a new id).
+        """
+        known = (set(self.node_of.values()) | set(self._hellos.values())
+                 | set(self._hello_errors))
         new = [int(n) for n in self.grid.get_node_ids() if int(n) not in known]
         if not new:
             return
