@@ -1,4 +1,5 @@
-"""The command line: clusterfed run | compare | sweep | presets | scenario describe | report."""
+"""The command line: clusterfed run | compare | sweep | presets | scenario describe |
+flower local | report."""
 
 from __future__ import annotations
 
@@ -154,6 +155,63 @@ def describe(source: str, overrides: tuple[str, ...], data_dir: str | None,
     click.echo(f"scenario {config['scenario']['kind']} on {config['data']['dataset']}: "
                + format_description(description))
     click.echo(f"plots and scenario.json: {folder}")
+
+
+@main.group()
+def flower() -> None:
+    """Run on Flower: a real SuperLink and SuperNodes (needs clusterfed[flower])."""
+
+
+@flower.command("local")
+@click.argument("source", required=False)
+@click.argument("overrides", nargs=-1)
+@click.option("--clients", type=int, help="SuperNodes to start (default: the scenario's clients).")
+@click.option("--out", help="Run folder (default runs/NAME-ALGORITHM-TIME).")
+@click.option("--data-dir", help="Data root of the nodes (default $CLUSTERFED_DATA or the cache).")
+@click.option("--resume", "resume_dir", help="Continue this run folder from its checkpoint.")
+@click.option("--secure", is_flag=True,
+              help="TLS on the SuperLink (test certificates) and SuperNode authentication.")
+@click.option("--simulation", is_flag=True,
+              help="Flower's simulation runtime (Ray) instead of SuperNode processes.")
+@click.option("--client-cpus", type=int, default=1, show_default=True,
+              help="Simulation runtime: CPUs per virtual node (a whole number).")
+@click.option("--client-gpus", type=float, default=0.0, show_default=True,
+              help="Simulation runtime: GPUs per virtual node.")
+@click.option("--reply-timeout", type=float, default=600.0, show_default=True,
+              help="Seconds a step waits for replies before leaving missing clients out.")
+@click.option("--verbose-flower", is_flag=True, help="Stream all of Flower's log lines.")
+def flower_local(source: str | None, overrides: tuple[str, ...], clients: int | None,
+                 out: str | None, data_dir: str | None, resume_dir: str | None, secure: bool,
+                 simulation: bool, client_cpus: int, client_gpus: float, reply_timeout: float,
+                 verbose_flower: bool) -> None:
+    """Run PRESET or CONFIG.yaml on a SuperLink and SuperNodes started on 127.0.0.1."""
+    try:
+        from clusterfed.flower.launch import run_local
+    except ImportError as err:
+        raise ClusterfedError(f"Flower is not installed ({err}): "
+                              f"pip install 'clusterfed[flower]'") from err
+
+    if resume_dir:
+        if source or overrides:
+            raise ClusterfedError("--resume continues a run with its own config.yaml; "
+                                  "give no preset or overrides")
+        from clusterfed.sim.outputs import read_config
+
+        folder, config = Path(resume_dir), read_config(Path(resume_dir))
+    else:
+        if not source:
+            raise ClusterfedError("give a preset name or a config file (see `clusterfed presets`)")
+        name, config = _resolve(source, overrides, None)
+        folder = _out_dir(out, name, config["algorithm"]["name"])
+    summary = run_local(config, folder, clients=clients, data_dir=data_dir,
+                        resume=bool(resume_dir), secure=secure, simulation=simulation,
+                        client_cpus=client_cpus, client_gpus=client_gpus,
+                        reply_timeout=reply_timeout, echo=click.echo,
+                        verbose=verbose_flower)
+    c = summary["clustering"]
+    click.echo(f"{summary['algorithm']}: mean accuracy {summary['final']['mean_accuracy']:.4f}, "
+               f"{c['n_clusters']} clusters, ARI {c['ari']:.3f}, {summary['wall_seconds']:.1f} s")
+    click.echo(f"run folder: {folder}")
 
 
 @main.command()

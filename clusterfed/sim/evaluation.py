@@ -108,23 +108,35 @@ def round_record(per_client: np.ndarray, view: ClusterView, true_clusters: np.nd
     """Accuracy and clustering figures of one evaluation, JSON-ready.
 
     With a target accuracy, also the share of clients at or above it (FL+HC's second metric).
+    A client a remote runtime could not evaluate has NaN figures: the means are over the
+    clients evaluated, and `unevaluated_clients` lists the others.
     """
     acc = per_client[:, 1]
     found = view.assignment
     scores = clustering_scores(true_clusters, found)
+    missing = np.flatnonzero(np.isnan(per_client).any(axis=1))
+
+    def mean(values: np.ndarray) -> float:
+        kept = values[~np.isnan(values)]
+        return float(kept.mean()) if len(kept) else float("nan")
+
+    evaluated = acc[~np.isnan(acc)]
     extra = {} if target_accuracy is None else {
-        "clients_at_target": float(np.mean(acc >= target_accuracy - 1e-9))}
-    return {
-        "mean_accuracy": float(acc.mean()),
-        "mean_loss": float(per_client[:, 0].mean()),
+        "clients_at_target": float(np.mean(evaluated >= target_accuracy - 1e-9))
+        if len(evaluated) else float("nan")}
+    record = {
+        "mean_accuracy": mean(acc),
+        "mean_loss": mean(per_client[:, 0]),
         "per_client_accuracy": [round(float(a), 6) for a in acc],
         "per_client_loss": [round(float(v), 6) for v in per_client[:, 0]],
-        "per_cluster_accuracy": {str(int(k)): float(acc[found == k].mean())
-                                 for k in np.unique(found)},
-        "per_true_cluster_accuracy": {str(int(k)): float(acc[true_clusters == k].mean())
+        "per_cluster_accuracy": {str(int(k)): mean(acc[found == k]) for k in np.unique(found)},
+        "per_true_cluster_accuracy": {str(int(k)): mean(acc[true_clusters == k])
                                       for k in np.unique(true_clusters)},
         "n_clusters": view.num_clusters,
         "ari": scores["ari"],
         "nmi": scores["nmi"],
         **extra,
     }
+    if len(missing):
+        record["unevaluated_clients"] = missing.tolist()
+    return record

@@ -83,6 +83,16 @@ def build_federation_for(config: Mapping[str, Any], data_dir: str | None = None)
     return build_federation(dataset, config["scenario"], config["seed"])
 
 
+def privacy_transform(config: Mapping[str, Any], size: int) -> ParameterTransform | None:
+    """The clients' side of run.privacy for a model of `size` parameters, or None."""
+    run = config["run"]
+    if run["privacy"] == "none":
+        return None
+    # The clients' shared secret: given, or derived from the seed; never in Setup.
+    secret = run["privacy_seed"] if run["privacy_seed"] is not None else config["seed"] + 0x5EC
+    return ParameterTransform.from_seed(run["privacy"], secret, size)
+
+
 class Simulation:
     """One run of one algorithm on one federation, optionally recorded in a run folder."""
 
@@ -107,12 +117,7 @@ class Simulation:
         self.model = FlatModel(module)
         self.algorithm = build_algorithm(self.config["algorithm"])
         self.spec = train_spec(self.config["train"])
-        run = self.config["run"]
-        transform = None
-        if run["privacy"] != "none":
-            # The clients' shared secret: given, or derived from the seed; never in Setup.
-            secret = run["privacy_seed"] if run["privacy_seed"] is not None else seed + 0x5EC
-            transform = ParameterTransform.from_seed(run["privacy"], secret, self.model.size)
+        transform = privacy_transform(self.config, self.model.size)
         self.executor: Executor = executor or SequentialExecutor(
             self.model, self.federation, seed, transform,
             self.config["eval"]["validation_fraction"])
@@ -136,12 +141,14 @@ class Simulation:
                  events: list[dict[str, Any]]) -> list[ClientResult]:
         """Run tasks; drop results with NaN or Inf (logged), keep the rest."""
         results = self.executor.run(tasks, r, step)
+        # A remote executor may return fewer results than tasks (a client that never answered).
+        planned = {(t.client, t.kind): t for t in tasks}
         kept = []
-        for task, result in zip(tasks, results, strict=True):
+        for result in results:
             if result.is_finite():
                 kept.append(result)
                 if result.kind is TaskKind.TRAIN and self.own_models is not None:
-                    trained = task.params + result.update
+                    trained = planned[(result.client, result.kind)].params + result.update
                     self.own_models[result.client] = trained.astype(np.float32)
             else:
                 log.warning("round %d: rejected the %s result of client %d: it holds NaN or Inf",
@@ -149,6 +156,11 @@ class Simulation:
                 events.append({"round": r + 1, "type": "rejected_result", "client": result.client,
                                "task": result.kind.value, "reason": "non-finite values"})
         return kept
+
+    def _executor_events(self) -> list[dict[str, Any]]:
+        """Events a remote executor logged (missing clients, rejected replies, joins)."""
+        drain = getattr(self.executor, "drain_events", None)
+        return list(drain()) if drain is not None else []
 
     def _separation_gaps(self, diagnostics: Mapping[str, Mapping[str, np.ndarray]]
                          ) -> dict[str, float]:
@@ -230,6 +242,7 @@ class Simulation:
                     bar.set_postfix(acc=f"{record['mean_accuracy']:.3f}",
                                     clusters=record["n_clusters"])
                 bar.update(1)
+                events += self._executor_events()
                 stop = any(cb(r + 1, record) for cb in self.callbacks)
                 if self.folder is not None:
                     for e in events:

@@ -1,0 +1,66 @@
+"""`clusterfed flower local`: one experiment on a federation of local processes, start to stop."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from clusterfed.errors import ClusterfedError
+from clusterfed.flower.local import LocalFederation, raise_on_sigterm
+from clusterfed.flower.wire import config_json
+from clusterfed.sim.outputs import CHECKPOINT
+
+# Flower's own lines worth showing without --verbose-flower.
+_SHOWN = ("[clusterfed]", "ERROR", "Error", "Traceback", "Exception", "Successfully started run")
+
+
+def run_config_for(config: Mapping[str, Any], folder: Path, *, resume: bool = False,
+                   reply_timeout: float = 600.0, join_timeout: float = 300.0) -> dict[str, Any]:
+    """The Flower run config (the app's `[tool.flwr.app.config]` keys) of one experiment."""
+    return {"config": config_json(config), "out-dir": str(folder.resolve()), "resume": resume,
+            "reply-timeout": float(reply_timeout), "join-timeout": float(join_timeout)}
+
+
+def run_local(config: Mapping[str, Any], folder: str | Path, *, clients: int | None = None,
+              data_dir: str | None = None, resume: bool = False, secure: bool = False,
+              simulation: bool = False, client_cpus: int = 1, client_gpus: float = 0.0,
+              reply_timeout: float = 600.0, join_timeout: float = 300.0,
+              echo: Callable[[str], None] = print, verbose: bool = False) -> dict[str, Any]:
+    """Start a SuperLink and the SuperNodes, run the experiment, stop every process.
+
+    Returns the run's summary; raises ClusterfedError (with the logs' place) when it failed.
+    """
+    folder = Path(folder).resolve()
+    if resume and not (folder / CHECKPOINT).exists():
+        raise ClusterfedError(f"{folder} has no checkpoint to resume from")
+    folder.mkdir(parents=True, exist_ok=True)
+    n = clients or int(config["scenario"]["clients"])
+    summary_path = folder / "summary.json"
+    summary_path.unlink(missing_ok=True)
+    federation = LocalFederation(n, folder / "flower", secure=secure, simulation=simulation,
+                                 data_dir=data_dir, client_cpus=client_cpus,
+                                 client_gpus=client_gpus, echo=echo)
+
+    def show(line: str) -> None:
+        if verbose or any(tag in line for tag in _SHOWN):
+            echo(line)
+
+    undo = raise_on_sigterm()
+    try:
+        federation.start()
+        code = federation.submit(run_config_for(config, folder, resume=resume,
+                                                reply_timeout=reply_timeout,
+                                                join_timeout=join_timeout), on_line=show)
+    except KeyboardInterrupt:
+        echo(f"interrupted; stopping the Flower processes. Continue from the last checkpoint "
+             f"with: clusterfed flower local --resume {folder}")
+        raise
+    finally:
+        federation.stop()
+        undo()
+    if code != 0 or not summary_path.exists():
+        raise ClusterfedError(f"the Flower run failed (flwr run exit code {code}); logs in "
+                              f"{federation.logs}")
+    return json.loads(summary_path.read_text())

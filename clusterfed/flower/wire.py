@@ -1,0 +1,185 @@
+"""ClientTask / ClientResult <-> Flower records: the one adapter between the seam and the wire.
+
+Nothing here knows an algorithm or a task kind: the kind travels by its value, `meta` as a
+ConfigRecord of its own, every array field of the records in an ArrayRecord under the field's
+name (1-D or 2-D, any dtype), and every scalar field by its name. A task kind or a result field
+added to `clusterfed.client.tasks` travels without a change here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from enum import Enum
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind, TrainSpec
+
+# Message types: `<category>.<action>` routes to the ClientApp function of that name.
+HELLO = "query.hello"        # which client do you serve, and what do you hold?
+TASK = "train.task"          # run one ClientTask (any kind)
+EVALUATE = "evaluate.model"  # (loss, accuracy) of one model on the client's test/validation data
+
+ARRAYS, FIELDS, META, TRAIN, METRICS, RUN = "arrays", "fields", "meta", "train", "metrics", "run"
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars -> Python scalars, which Flower's records accept."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _split_fields(obj: Any, nested: Mapping[str, Any]) -> tuple[dict[str, np.ndarray],
+                                                                dict[str, Any]]:
+    """A record's array fields and its scalar fields (enums by value; None left out)."""
+    arrays, scalars = {}, {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if f.name in nested or value is None:
+            continue
+        if isinstance(value, np.ndarray):
+            arrays[f.name] = np.ascontiguousarray(value)
+        elif isinstance(value, Enum):
+            scalars[f.name] = value.value
+        else:
+            scalars[f.name] = _plain(value)
+    return arrays, scalars
+
+
+def _array_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({name: Array(a) for name, a in arrays.items()})
+
+
+def _meta_record(meta: Mapping[str, Any]) -> ConfigRecord:
+    return ConfigRecord({str(k): _plain(v) for k, v in meta.items()})
+
+
+def encode_task(task: ClientTask, round_index: int, step: int, config_json: str) -> RecordDict:
+    """One task, with the (round, step) that seeds its batch order and the run's config."""
+    arrays, scalars = _split_fields(task, nested={"train", "meta"})
+    content = RecordDict({
+        ARRAYS: _array_record(arrays),
+        FIELDS: ConfigRecord(scalars),
+        META: _meta_record(task.meta),
+        RUN: ConfigRecord({"round": round_index, "step": step, "config": config_json}),
+    })
+    if task.train is not None:
+        # Every TrainSpec field that is set; an absent one is None (epochs=None with steps=K).
+        content[TRAIN] = ConfigRecord({k: _plain(v) for k, v in
+                                       dataclasses.asdict(task.train).items() if v is not None})
+    return content
+
+
+def _scalars_for(cls: type, record: ConfigRecord | MetricRecord, skip: set[str]
+                 ) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(cls)} - skip
+    return {k: v for k, v in record.items() if k in names}
+
+
+def decode_task(content: RecordDict) -> tuple[ClientTask, int, int, str]:
+    """The inverse of `encode_task`: (task, round, step, config JSON)."""
+    fields = dict(content.config_records[FIELDS])
+    arrays = {k: a.numpy() for k, a in content.array_records[ARRAYS].items()}
+    train = None
+    if TRAIN in content.config_records:
+        given = dict(content.config_records[TRAIN])
+        train = TrainSpec(**{f.name: given.get(f.name) for f in dataclasses.fields(TrainSpec)})
+    task = ClientTask(**{**_scalars_for(ClientTask, content.config_records[FIELDS], {"kind"}),
+                         **arrays, "kind": TaskKind(fields["kind"]), "train": train,
+                         "meta": dict(content.config_records[META])})
+    run = content.config_records[RUN]
+    return task, int(run["round"]), int(run["step"]), str(run["config"])
+
+
+def encode_result(result: ClientResult) -> RecordDict:
+    """Arrays (update, per-model losses and accuracies, ...) as an ArrayRecord; counts and
+    scalar losses as a MetricRecord; the client, kind and meta as ConfigRecords."""
+    arrays, scalars = _split_fields(result, nested={"meta"})
+    numbers = {k: v for k, v in scalars.items()
+               if isinstance(v, int | float) and not isinstance(v, bool) and k != "client"}
+    identity = {k: v for k, v in scalars.items() if k not in numbers}
+    return RecordDict({
+        ARRAYS: _array_record(arrays),
+        METRICS: MetricRecord(numbers),
+        FIELDS: ConfigRecord(identity),
+        META: _meta_record(result.meta),
+    })
+
+
+def decode_result(content: RecordDict) -> ClientResult:
+    fields = dict(content.config_records[FIELDS])
+    arrays = {k: a.numpy() for k, a in content.array_records[ARRAYS].items()}
+    known = {f.name for f in dataclasses.fields(ClientResult)}
+    unknown = (set(arrays) | set(content.metric_records[METRICS]) | set(fields)) - known
+    if unknown:
+        raise ValueError(f"reply carries fields this server does not know: {sorted(unknown)}")
+    return ClientResult(**{
+        **_scalars_for(ClientResult, content.config_records[FIELDS], {"kind"}),
+        **_scalars_for(ClientResult, content.metric_records[METRICS], set()),
+        **arrays, "kind": TaskKind(fields["kind"]), "meta": dict(content.config_records[META])})
+
+
+def expected_shapes(task: ClientTask) -> dict[str, tuple[int, ...]]:
+    """The shapes a correct result of `task` has, for the kinds whose shapes are known.
+
+    An update or gradient has the model's size; per-model losses and accuracies one entry per
+    model row of `params`. Kinds not listed here are checked for finiteness only.
+    """
+    models = task.params.shape[0] if task.params.ndim == 2 else 1
+    size = (task.params.shape[-1],)
+    if task.kind in (TaskKind.TRAIN, TaskKind.GRADIENT):
+        return {"update": size}
+    if task.kind is TaskKind.LOSSES:
+        return {"losses": (models,)}
+    if task.kind is TaskKind.EVALUATE:
+        return {"losses": (models,), "accuracies": (models,)}
+    return {}
+
+
+def check_result(task: ClientTask, result: ClientResult) -> str | None:
+    """Why `result` is not an acceptable answer to `task`, or None when it is."""
+    if result.client != task.client or result.kind is not task.kind:
+        return (f"answers client {result.client} {result.kind.value}, "
+                f"not client {task.client} {task.kind.value}")
+    for name, shape in expected_shapes(task).items():
+        value = getattr(result, name)
+        if value is None or tuple(np.shape(value)) != shape:
+            got = None if value is None else tuple(np.shape(value))
+            return f"wrong shape: {name} {got}, expected {shape}"
+    for f in dataclasses.fields(result):
+        value = getattr(result, f.name)
+        if isinstance(value, np.ndarray) and value.dtype.kind == "f" \
+                and not np.isfinite(value).all():
+            return f"{f.name} holds NaN or Inf"
+    if not result.is_finite():
+        return "non-finite values"
+    return None
+
+
+# Evaluation and discovery ------------------------------------------------------------------
+
+def encode_evaluate(params: np.ndarray, client: int, split: str, config_json: str
+                    ) -> RecordDict:
+    return RecordDict({
+        ARRAYS: _array_record({"params": np.ascontiguousarray(params)}),
+        FIELDS: ConfigRecord({"client": int(client), "split": split}),
+        RUN: ConfigRecord({"config": config_json}),
+    })
+
+
+def decode_evaluate(content: RecordDict) -> tuple[np.ndarray, int, str, str]:
+    fields = content.config_records[FIELDS]
+    return (content.array_records[ARRAYS]["params"].numpy(), int(fields["client"]),
+            str(fields["split"]), str(content.config_records[RUN]["config"]))
+
+
+def encode_hello(config_json: str) -> RecordDict:
+    return RecordDict({RUN: ConfigRecord({"config": config_json})})
+
+
+def config_json(config: Mapping[str, Any]) -> str:
+    """The resolved config as the text every message carries (sorted, so it hashes stably)."""
+    return json.dumps(config, sort_keys=True)

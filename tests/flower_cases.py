@@ -1,0 +1,35 @@
+"""The algorithms the Flower tests run, and their small scenario. Extend FLOWER_ALGORITHMS as
+methods land: each entry is the `algorithm` config section of a run that the in-process
+simulator and Flower must agree on (same clusters, same accuracies)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from helpers import tiny_config
+
+from clusterfed import config as cfg
+
+FLOWER_ALGORITHMS: list[dict[str, Any]] = [
+    {"name": "fedavg"},
+    # eps1/eps2 large enough that CFL splits within two rounds of this small scenario.
+    {"name": "cfl", "eps1": 0.6, "eps2": 0.1},
+]
+
+CLIENTS = 4
+
+
+def flower_config(algorithm: dict[str, Any], rounds: int = 2, every: int | None = None
+                  ) -> dict[str, Any]:
+    """Digits with label swap, 4 clients in 2 true clusters, evaluated after the last round."""
+    config = tiny_config(algorithm["name"],
+                         scenario={"kind": "label_swap", "clients": CLIENTS, "clusters": 2},
+                         train={"rounds": rounds, "participation": 1.0},
+                         eval={"every": every or rounds},
+                         run={"progress": False, "checkpoint_every": 1, "threads": 1})
+    config["algorithm"] = dict(algorithm)
+    return cfg.resolve(config)
+
+
+def case_id(algorithm: dict[str, Any]) -> str:
+    return str(algorithm["name"])
