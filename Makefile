@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PIP) -e '.[test]'
+	$(PIP) -e '.[test,flower]'
 	touch $@
 
 run: $(VENV)/.installed
