@@ -16,6 +16,25 @@ FLOWER_ALGORITHMS: list[dict[str, Any]] = [
     {"name": "cfl", "eps1": 0.6, "eps2": 0.1},
 ]
 
+# The in-process Flower tests (the real ClientApp and wire format behind a loopback grid) run
+# every registered algorithm, each set to cluster within the two rounds of this scenario; the
+# real-network tests run FLOWER_ALGORITHMS, since each real run costs a minute of process starts.
+EVERY_ALGORITHM: list[dict[str, Any]] = [
+    *FLOWER_ALGORITHMS,
+    {"name": "flhc", "rounds_before_clustering": 1, "threshold_mode": "clusters",
+     "threshold": 2},
+    {"name": "pacfl", "n_clusters": 2},
+    {"name": "lcfl", "k": 2, "warmup_rounds": 1},
+    {"name": "ifca", "k": 2},
+    {"name": "fedprox", "mu": 0.01},
+    {"name": "fednova"},
+    {"name": "scaffold"},
+    {"name": "lg_fedavg"},
+    {"name": "per_fedavg"},
+    {"name": "fedavg_ft"},
+    {"name": "local"},
+]
+
 CLIENTS = 4
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from helpers import cli, comparable
 
+from clusterfed.algorithms import ALGORITHMS
+
 SMALL = ["scenario.clients=8", "train.rounds=2", "run.progress=false"]
-
-
 
 
 def test_presets_lists_quickstart(capsys):
@@ -42,7 +42,9 @@ def test_compare_prints_table_and_writes_report(capsys, tmp_path):
     assert any(line.startswith("fedavg") for line in out.splitlines())
     assert any(line.startswith("local") and line.split()[3] == "8" for line in out.splitlines())
     comparison = json.loads((tmp_path / "comparison.json").read_text())
-    assert comparison["algorithms"] == ["fedavg", "local", "cfl"]
+    # Every registered algorithm joins the main job.
+    assert sorted(comparison["algorithms"]) == sorted(ALGORITHMS.names())
+    assert comparison["algorithms"][:3] == ["fedavg", "local", "cfl"]
     # The preset's own options for an algorithm travel with it.
     assert json.loads((tmp_path / "cfl" / "summary.json").read_text())["algorithm"] == "cfl"
     assert "min_child_size: 2" in (tmp_path / "cfl" / "config.yaml").read_text()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from collections.abc import Mapping
 from enum import Enum
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind, TrainSpec
+from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
 
 # Message types: `<category>.<action>` routes to the ClientApp function of that name.
 HELLO = "query.hello"        # which client do you serve, and what do you hold?
@@ -57,19 +58,37 @@ def _meta_record(meta: Mapping[str, Any]) -> ConfigRecord:
     return ConfigRecord({str(k): _plain(v) for k, v in meta.items()})
 
 
+def _nested_records() -> dict[str, type]:
+    """ClientTask's fields that hold a record of their own (TrainSpec, LocalObjective, ...)."""
+    nested = {}
+    for name, hint in typing.get_type_hints(ClientTask).items():
+        for kind in typing.get_args(hint) or (hint,):
+            if dataclasses.is_dataclass(kind):
+                nested[name] = kind
+    return nested
+
+
+NESTED = _nested_records()
+
+
 def encode_task(task: ClientTask, round_index: int, step: int, config_json: str) -> RecordDict:
     """One task, with the (round, step) that seeds its batch order and the run's config."""
-    arrays, scalars = _split_fields(task, nested={"train", "meta"})
+    arrays, scalars = _split_fields(task, nested={*NESTED, "meta"})
     content = RecordDict({
         ARRAYS: _array_record(arrays),
         FIELDS: ConfigRecord(scalars),
         META: _meta_record(task.meta),
         RUN: ConfigRecord({"round": round_index, "step": step, "config": config_json}),
     })
-    if task.train is not None:
-        # Every TrainSpec field that is set; an absent one is None (epochs=None with steps=K).
-        content[TRAIN] = ConfigRecord({k: _plain(v) for k, v in
-                                       dataclasses.asdict(task.train).items() if v is not None})
+    for name in NESTED:
+        value = getattr(task, name)
+        if value is None:
+            continue
+        # Every field that is set; an absent one is None (epochs=None with steps=K).
+        inner_arrays, inner_scalars = _split_fields(value, nested={})
+        content[name] = ConfigRecord(inner_scalars)
+        if inner_arrays:
+            content[f"{name}_arrays"] = _array_record(inner_arrays)
     return content
 
 
@@ -83,12 +102,16 @@ def decode_task(content: RecordDict) -> tuple[ClientTask, int, int, str]:
     """The inverse of `encode_task`: (task, round, step, config JSON)."""
     fields = dict(content.config_records[FIELDS])
     arrays = {k: a.numpy() for k, a in content.array_records[ARRAYS].items()}
-    train = None
-    if TRAIN in content.config_records:
-        given = dict(content.config_records[TRAIN])
-        train = TrainSpec(**{f.name: given.get(f.name) for f in dataclasses.fields(TrainSpec)})
+    nested: dict[str, Any] = {}
+    for name, kind in NESTED.items():
+        if name not in content.config_records:
+            continue
+        given: dict[str, Any] = dict(content.config_records[name])
+        if f"{name}_arrays" in content.array_records:
+            given.update({k: a.numpy() for k, a in content.array_records[f"{name}_arrays"].items()})
+        nested[name] = kind(**{f.name: given.get(f.name) for f in dataclasses.fields(kind)})
     task = ClientTask(**{**_scalars_for(ClientTask, content.config_records[FIELDS], {"kind"}),
-                         **arrays, "kind": TaskKind(fields["kind"]), "train": train,
+                         **arrays, **nested, "kind": TaskKind(fields["kind"]),
                          "meta": dict(content.config_records[META])})
     run = content.config_records[RUN]
     return task, int(run["round"]), int(run["step"]), str(run["config"])
