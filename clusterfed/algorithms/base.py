@@ -93,6 +93,14 @@ class Algorithm(Protocol[S]):
 ALGORITHMS: Registry[type] = Registry("algorithm")
 
 
+def check_choices(options: object, choices: Mapping[str, Sequence[str]]) -> None:
+    """Raise ValueError unless each named option of `options` is one of its valid values."""
+    for name, valid in choices.items():
+        value = getattr(options, name)
+        if value not in valid:
+            raise ValueError(f"{name} must be one of {', '.join(valid)}, got {value!r}")
+
+
 def build_algorithm(section: Mapping[str, Any]) -> Algorithm[Any]:
     """Build an algorithm from the config's `algorithm` section (its name and its own fields)."""
     options = dict(section)

@@ -27,7 +27,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from clusterfed.algorithms.aggregate import aggregation_weights, weighted_mean
-from clusterfed.algorithms.base import ALGORITHMS, ClusterView, RoundContext, Setup, Update
+from clusterfed.algorithms.base import (
+    ALGORITHMS,
+    ClusterView,
+    RoundContext,
+    Setup,
+    Update,
+    check_choices,
+)
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
 from clusterfed.clustering import cfl_math
 from clusterfed.state import serialisable
@@ -94,9 +101,7 @@ class CFL:
     newcomer_set: frozenset[int] = field(init=False, repr=False, default=frozenset())
 
     def __post_init__(self) -> None:
-        for name, valid in self._kinds.items():
-            if getattr(self, name) not in valid:
-                raise ValueError(f"{name} must be one of {', '.join(valid)}")
+        check_choices(self, self._kinds)
         aggregation_weights(np.ones(1), self.weighting)
         if (self.eps1 is None) != (self.eps2 is None):
             raise ValueError("give both eps1 and eps2 (absolute rule) or neither")

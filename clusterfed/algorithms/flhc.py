@@ -27,7 +27,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from clusterfed.algorithms.aggregate import aggregation_weights, weighted_mean
-from clusterfed.algorithms.base import ALGORITHMS, ClusterView, RoundContext, Setup, Update
+from clusterfed.algorithms.base import (
+    ALGORITHMS,
+    ClusterView,
+    RoundContext,
+    Setup,
+    Update,
+    check_choices,
+)
 from clusterfed.algorithms.fedavg import apply_updates
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
 from clusterfed.clustering import hierarchical as hc
@@ -96,10 +103,7 @@ class FLHC:
     def __post_init__(self) -> None:
         hc.check_metric_linkage(self.metric, self.linkage)
         hc.check_threshold(self.threshold_mode, self.threshold)
-        for name, valid in self._kinds.items():
-            if getattr(self, name) not in valid:
-                raise ValueError(f"{name} must be one of {', '.join(valid)}, "
-                                 f"got {getattr(self, name)!r}")
+        check_choices(self, self._kinds)
         if isinstance(self.rounds_before_clustering, bool) or \
                 not isinstance(self.rounds_before_clustering, int) or \
                 self.rounds_before_clustering < 0:

@@ -43,7 +43,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from clusterfed.algorithms.aggregate import aggregation_weights
-from clusterfed.algorithms.base import ALGORITHMS, ClusterView, RoundContext, Setup, Update
+from clusterfed.algorithms.base import (
+    ALGORITHMS,
+    ClusterView,
+    RoundContext,
+    Setup,
+    Update,
+    check_choices,
+)
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
 from clusterfed.state import serialisable
 
@@ -174,9 +181,7 @@ class IFCA:
         "initialisation": ("random", "perturbed", "identical")}
 
     def __post_init__(self) -> None:
-        for name, valid in self._kinds.items():
-            if getattr(self, name) not in valid:
-                raise ValueError(f"{name} must be one of {', '.join(valid)}")
+        check_choices(self, self._kinds)
         aggregation_weights(np.ones(1), self.weighting)
         if not isinstance(self.k, int) or self.k < 1:
             raise ValueError(f"k must be a positive integer, got {self.k!r}")

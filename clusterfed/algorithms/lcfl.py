@@ -23,7 +23,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from clusterfed.algorithms.aggregate import aggregation_weights, weighted_mean
-from clusterfed.algorithms.base import ALGORITHMS, ClusterView, RoundContext, Setup, Update
+from clusterfed.algorithms.base import (
+    ALGORITHMS,
+    ClusterView,
+    RoundContext,
+    Setup,
+    Update,
+    check_choices,
+)
 from clusterfed.client.tasks import ClientResult, ClientTask, LossSpec, TaskKind, TrainSpec
 from clusterfed.clustering import loss_distance as ld
 from clusterfed.clustering import precomputed as pc
@@ -113,10 +120,7 @@ class LCFL:
         "cluster_init": ("global", "members", "medoid")}
 
     def __post_init__(self) -> None:
-        for name, valid in self._kinds.items():
-            if getattr(self, name) not in valid:
-                raise ValueError(f"{name} must be one of {', '.join(valid)}, "
-                                 f"got {getattr(self, name)!r}")
+        check_choices(self, self._kinds)
         aggregation_weights(np.ones(1), self.weighting)
         if self.k is not None and self.k < 1:
             raise ValueError(f"k must be at least 1 (or null to choose it), got {self.k}")

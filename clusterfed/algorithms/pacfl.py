@@ -31,7 +31,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from clusterfed.algorithms.aggregate import aggregation_weights, weighted_mean
-from clusterfed.algorithms.base import ALGORITHMS, ClusterView, RoundContext, Setup, Update
+from clusterfed.algorithms.base import (
+    ALGORITHMS,
+    ClusterView,
+    RoundContext,
+    Setup,
+    Update,
+    check_choices,
+)
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
 from clusterfed.clustering import principal_angles as pa
 from clusterfed.state import serialisable
@@ -79,10 +86,7 @@ class PACFL:
     newcomer_set: frozenset[int] = field(init=False, repr=False, default=frozenset())
 
     def __post_init__(self) -> None:
-        for name, valid in self._kinds.items():
-            if getattr(self, name) not in valid:
-                raise ValueError(f"{name} must be one of {', '.join(valid)}, "
-                                 f"got {getattr(self, name)!r}")
+        check_choices(self, self._kinds)
         aggregation_weights(np.ones(1), self.weighting)
         if not self.beta >= 0:
             raise ValueError(f"beta (degrees) must be >= 0, got {self.beta}")
