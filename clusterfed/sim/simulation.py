@@ -22,8 +22,9 @@ from clusterfed.clustering.metrics import clustering_scores
 from clusterfed.data import Federation, build_federation, load_dataset
 from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel, build_model
+from clusterfed.sim.choice import build_executor
 from clusterfed.sim.evaluation import best_of_path, evaluate_clients, round_record
-from clusterfed.sim.executor import Executor, SequentialExecutor
+from clusterfed.sim.executor import Executor
 from clusterfed.sim.outputs import RunFolder, read_config
 from clusterfed.sim.sampling import sample_clients
 
@@ -89,10 +90,11 @@ class Simulation:
             # The clients' shared secret: given, or derived from the seed; never in Setup.
             secret = run["privacy_seed"] if run["privacy_seed"] is not None else seed + 0x5EC
             transform = ParameterTransform.from_seed(run["privacy"], secret, self.model.size)
-        self.executor: Executor = executor or SequentialExecutor(
-            self.model, self.federation, seed, transform,
-            self.config["eval"]["validation_fraction"])
+        # The initial vector is read before the executor moves the module to its device.
         initial = self.model.initial_vector().numpy()
+        self.executor: Executor = executor or build_executor(
+            run, self.model, self.federation, seed, transform,
+            self.config["eval"]["validation_fraction"])
         self.setup = Setup(self.federation.num_clients,
                            initial if transform is None else transform.forward(initial),
                            self.executor.train_sizes(), seed)
