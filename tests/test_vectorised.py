@@ -178,3 +178,19 @@ def test_executor_choice():
         Simulation(tiny_config("fedavg", run={"executor": "parallel"}))
     with pytest.raises(ConfigError, match="run.device"):
         resolve_device("no-such-device")
+
+
+def test_flat_model_call_fills_tied_parameters_and_restores_them():
+    shared = nn.Linear(4, 4)
+    module = nn.Sequential(shared, nn.ReLU(), shared)   # one weight in two slots
+    flat = FlatModel(module)
+    assert flat.size == 20
+    w = torch.randn(20)
+    x = torch.randn(3, 4)
+    parts = flat.unflatten(w)
+    manual = torch.relu(x @ parts["0.weight"].T + parts["0.bias"]) @ parts["0.weight"].T \
+        + parts["0.bias"]
+    torch.testing.assert_close(flat(w, x), manual)
+    assert module[0].weight is shared.weight and isinstance(module[2].weight, nn.Parameter)
+    torch.testing.assert_close(torch.func.vmap(flat, in_dims=(0, None))(torch.stack([w, w]), x)[1],
+                               manual)
