@@ -82,9 +82,9 @@ def measure(name: str, clients: int, repeats: int, dataset) -> list[dict[str, fl
             for c in range(clients):
                 for k, clock in enumerate((time.perf_counter, time.process_time)):
                     ours[k, c] = min(ours[k, c], best_of(
-                        lambda c=c: executor.run(tasks[c:c + 1], 0), 1, clock))
-                    bare[k, c] = min(bare[k, c], best_of(lambda c=c: bare_loop(
-                        bare_module, data[c:c + 1], spec, seeds[c:c + 1]), 1, clock))
+                        lambda c=c, t=tasks: executor.run(t[c:c + 1], 0), 1, clock))
+                    bare[k, c] = min(bare[k, c], best_of(lambda c=c, s=spec, z=seeds: bare_loop(
+                        bare_module, data[c:c + 1], s, z[c:c + 1]), 1, clock))
         ours_s, bare_s = ours.sum(1), bare.sum(1)
         rows.append({"model": name, "batch": batch, "images": images,
                      "executor_images_per_s": images / ours_s[0],
@@ -96,7 +96,8 @@ def measure(name: str, clients: int, repeats: int, dataset) -> list[dict[str, fl
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=2, help="clients timed")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per client and path (best)")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="timed runs per client and path (best)")
     parser.add_argument("--quick", action="store_true", help="1 client, 1 repeat")
     args = parser.parse_args(argv)
     clients, repeats = (1, 1) if args.quick else (args.clients, args.repeats)
