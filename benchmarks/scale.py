@@ -23,7 +23,6 @@ import time
 from typing import Any
 
 import numpy as np
-import torch
 from common import machine, mnist, peak_rss_mib
 
 from clusterfed.clustering import cfl_math
