@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'peak MiB':>9} {'clusters':>8}")
     for n in args.clients:
         r = child("run", n, args.rounds)
-        print(f"{n:>7} {r['build_s']:>8.1f} {np.mean(r['round_s'][1:]):>8.2f} "
+        print(f"{n:>7} {r['build_s']:>8.1f} {np.mean(r['round_s']):>8.2f} "
               f"{r['evaluate_all_s']:>10.2f} {r['peak_rss_mib']:>9.0f} {r['clusters']:>8}")
     print(f"CFL server clustering of m client updates ({PARAMS} parameters each):")
     print(f"{'m':>7} {'similarity s':>12} {'bipartition s':>13} {'peak MiB':>9}")
