@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     theirs = flower(args.rounds, args.batch_size)
     a, b = float(np.mean(mine)), float(np.mean(theirs))
     print(f"{'runtime':<22} {'s/round':>8}  rounds")
-    print(f"{'clusterfed':<22} {a:>8.3f}  {[round(s, 2) for s in mine]}")
-    print(f"{'flower (ray)':<22} {b:>8.3f}  {[round(s, 2) for s in theirs]}")
+    print(f"{'clusterfed':<22} {a:>8.3f}  {[round(float(s), 2) for s in mine]}")
+    print(f"{'flower (ray)':<22} {b:>8.3f}  {[round(float(s), 2) for s in theirs]}")
     print(f"flower / clusterfed: {b / a:.2f}x  (goal >= 5x)")
     return 0
 
