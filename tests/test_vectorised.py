@@ -12,6 +12,7 @@ import torch
 from helpers import tiny_config
 from torch import nn
 
+from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.tasks import ClientTask, TaskKind, TrainSpec
 from clusterfed.client.work import evaluate
 from clusterfed.data import build_federation, load_dataset
@@ -35,11 +36,11 @@ def federation():
                                    "quantity_skew": 0.6}, seed=1)
 
 
-def executors(federation, module=None, max_clients=None):
+def executors(federation, module=None, max_clients=None, transform=None):
     module = module or build_model("digits_cnn", federation.input_shape, federation.n_classes)
     initial_params(module, 0)
-    seq = SequentialExecutor(FlatModel(copy.deepcopy(module)), federation, SEED)
-    vec = VectorisedExecutor(FlatModel(copy.deepcopy(module)), federation, SEED,
+    seq = SequentialExecutor(FlatModel(copy.deepcopy(module)), federation, SEED, transform)
+    vec = VectorisedExecutor(FlatModel(copy.deepcopy(module)), federation, SEED, transform,
                              max_clients=max_clients)
     return seq, vec, FlatModel(module).initial_vector().numpy()
 
@@ -75,8 +76,14 @@ def test_training_equals_sequential(federation, spec):
     assert_same(seq.run(tasks, 3, 1), vec.run(tasks, 3, 1))
 
 
-def test_many_models_and_mixed_tasks_equal_sequential(federation):
-    seq, vec, w0 = executors(federation, max_clients=2)   # groups split over vmap calls
+@pytest.mark.parametrize("privacy", [None, "signed_permutation"])
+def test_many_models_and_mixed_tasks_equal_sequential(federation, privacy):
+    size = FlatModel(build_model("digits_cnn", federation.input_shape, 10)).size
+    transform = privacy and ParameterTransform.from_seed(privacy, 9, size)
+    # Groups split over vmap calls; with CFL's privacy transform, parameters in P-space.
+    seq, vec, w0 = executors(federation, max_clients=2, transform=transform)
+    if transform:   # the server sends and receives parameters in P-space
+        w0 = transform.forward(w0)
     rng = np.random.default_rng(1)
     stacked = (w0 + 0.05 * rng.standard_normal((3, len(w0)))).astype(np.float32)
     spec = TrainSpec(lr=0.1, batch_size=10)
