@@ -20,7 +20,7 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
-from common import best_of, machine, mnist
+from common import machine, mnist
 
 from clusterfed.client.tasks import ClientTask, TaskKind, TrainSpec
 from clusterfed.data import build_federation
@@ -34,6 +34,13 @@ MODELS = {"cfl_convnet": "small CNN (CFL's ConvNet, 5,142 parameters)",
           "fedavg_cnn": "FedAvg CNN (1,663,370 parameters)"}
 BATCH_SIZES = (10, 50)
 IMAGES_PER_CLIENT = 600
+
+
+def timed(fn) -> np.ndarray:
+    """(wall seconds, CPU seconds of this process) of one call."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return np.array([time.perf_counter() - wall, time.process_time() - cpu])
 
 
 def bare_loop(module: torch.nn.Module, data: list[tuple[torch.Tensor, torch.Tensor]],
@@ -80,11 +87,10 @@ def measure(name: str, clients: int, repeats: int, dataset) -> list[dict[str, fl
         bare = np.full((2, clients), np.inf)
         for _ in range(repeats):
             for c in range(clients):
-                for k, clock in enumerate((time.perf_counter, time.process_time)):
-                    ours[k, c] = min(ours[k, c], best_of(
-                        lambda c=c, t=tasks: executor.run(t[c:c + 1], 0), 1, clock))
-                    bare[k, c] = min(bare[k, c], best_of(lambda c=c, s=spec, z=seeds: bare_loop(
-                        bare_module, data[c:c + 1], s, z[c:c + 1]), 1, clock))
+                ours[:, c] = np.minimum(ours[:, c], timed(
+                    lambda c=c, t=tasks: executor.run(t[c:c + 1], 0)))
+                bare[:, c] = np.minimum(bare[:, c], timed(lambda c=c, s=spec, z=seeds: bare_loop(
+                    bare_module, data[c:c + 1], s, z[c:c + 1])))
         ours_s, bare_s = ours.sum(1), bare.sum(1)
         rows.append({"model": name, "batch": batch, "images": images,
                      "executor_images_per_s": images / ours_s[0],
