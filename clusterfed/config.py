@@ -43,6 +43,9 @@ DEFAULTS: dict[str, Any] = {
         "threads": None,
         "privacy": "none",      # or "permutation" / "signed_permutation" (CFL Section V-B)
         "privacy_seed": None,   # the clients' shared secret (default: derived from the seed)
+        "device": "auto",       # "auto" (CUDA when available, else cpu), "cpu", "cuda", "cuda:1"
+        "executor": "auto",     # "auto" (vectorised on CUDA, else sequential), "sequential",
+                                # "vectorised" (many clients at once with torch.func.vmap)
     },
     "compare": {"algorithms": []},
     # `clusterfed sweep`: dotted keys -> value lists (see clusterfed/experiments/sweep.py).
@@ -198,6 +201,12 @@ def validate(config: Mapping[str, Any]) -> None:
                           f"got {target!r}")
     if not isinstance(ev["every"], int) or ev["every"] < 1:
         raise ConfigError(f"eval.every must be a positive integer, got {ev['every']!r}")
+    if config["run"]["executor"] not in ("auto", "sequential", "vectorised"):
+        raise ConfigError(f"unknown run.executor {config['run']['executor']!r}; valid: auto, "
+                          "sequential, vectorised")
+    if not isinstance(config["run"]["device"], str):
+        raise ConfigError(f"run.device must be a string such as auto, cpu or cuda, got "
+                          f"{config['run']['device']!r}")
     every = config["run"]["checkpoint_every"]
     if not isinstance(every, int) or every < 0:
         raise ConfigError(f"run.checkpoint_every must be an integer >= 0 (0: never), got {every!r}")

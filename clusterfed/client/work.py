@@ -213,11 +213,14 @@ def gradient(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.T
 
 
 def run_task(model: FlatModel, task: ClientTask, train_xy: tuple[torch.Tensor, torch.Tensor],
-             test_xy: tuple[torch.Tensor, torch.Tensor], generator: torch.Generator
-             ) -> ClientResult:
-    """Run one task on one client's data; every runtime calls this, so all agree."""
+             test_xy: tuple[torch.Tensor, torch.Tensor], generator: torch.Generator,
+             device: torch.device | None = None) -> ClientResult:
+    """Run one task on one client's data; every runtime calls this, so all agree.
+
+    `device`: where the model and data live (default: the CPU); results come back as numpy.
+    """
     x, y = train_xy
-    params = torch.as_tensor(task.params)
+    params = torch.as_tensor(task.params, device=device)
     if task.kind is TaskKind.TRAIN:
         if task.train is None:
             raise ValueError("a train task needs a TrainSpec")
@@ -226,11 +229,11 @@ def run_task(model: FlatModel, task: ClientTask, train_xy: tuple[torch.Tensor, t
             update, loss = meta_train(model, params, x, y, task.train, generator, objective)
         else:
             update, loss = train(model, params, x, y, task.train, generator, objective)
-        return ClientResult(task.client, task.kind, len(y), update=update.numpy(), loss=loss,
+        return ClientResult(task.client, task.kind, len(y), update=update.cpu().numpy(), loss=loss,
                             meta={**task.meta, "local_steps": task.train.num_steps(len(y))})
     if task.kind is TaskKind.GRADIENT:
         grad, loss = gradient(model, params, x, y)
-        return ClientResult(task.client, task.kind, len(y), update=grad.numpy(), loss=loss,
+        return ClientResult(task.client, task.kind, len(y), update=grad.cpu().numpy(), loss=loss,
                             meta=task.meta)
     if task.kind is TaskKind.SIGNATURE:
         return signature_result(task, x, y)

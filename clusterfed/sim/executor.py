@@ -11,9 +11,10 @@ import torch
 
 from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.tasks import ClientResult, ClientTask
-from clusterfed.client.work import evaluate, run_task
+from clusterfed.client.work import run_task
 from clusterfed.data.scenarios import Federation
 from clusterfed.models.flat import FlatModel
+from clusterfed.sim.batched import evaluate_clients
 from clusterfed.sim.sampling import task_seed
 
 
@@ -34,9 +35,13 @@ class SequentialExecutor:
 
     def __init__(self, model: FlatModel, federation: Federation, seed: int,
                  transform: ParameterTransform | None = None,
-                 validation_fraction: float = 0.0) -> None:
+                 validation_fraction: float = 0.0, device: str | torch.device = "cpu") -> None:
         self.model = model
         self.seed = seed
+        # On an accelerator the module and every client's data move there once; on the CPU
+        # `.to` returns the same tensors.
+        self.device = torch.device(device)
+        model.module.to(self.device)
         # The clients' side of the privacy transform: parameters arrive in P-space.
         self.transform = transform
         # torch.from_numpy shares memory with the federation's arrays: no copies.
@@ -44,13 +49,14 @@ class SequentialExecutor:
         # held out: it never trains, and selects among models (protocol best_of_path).
         self.train, self.validation = [], []
         for c in federation.clients:
-            x, y = torch.from_numpy(c.train_x), torch.from_numpy(c.train_y)
+            x = torch.from_numpy(c.train_x).to(self.device)
+            y = torch.from_numpy(c.train_y).to(self.device)
             held = int(round(validation_fraction * len(y))) if validation_fraction else 0
             held = min(max(held, 1 if validation_fraction else 0), len(y) - 1)
             self.train.append((x[:len(y) - held], y[:len(y) - held]))
             self.validation.append((x[len(y) - held:], y[len(y) - held:]))
-        self.test = [(torch.from_numpy(c.test_x), torch.from_numpy(c.test_y))
-                     for c in federation.clients]
+        self.test = [(torch.from_numpy(c.test_x).to(self.device),
+                      torch.from_numpy(c.test_y).to(self.device)) for c in federation.clients]
 
     def run(self, tasks: Sequence[ClientTask], round_index: int, step: int = 0
             ) -> list[ClientResult]:
@@ -60,13 +66,13 @@ class SequentialExecutor:
                 task_seed(self.seed, round_index, step, task.client))
             if self.transform is None:
                 results.append(run_task(self.model, task, self.train[task.client],
-                                        self.test[task.client], generator))
+                                        self.test[task.client], generator, self.device))
                 continue
             plain = replace(task, params=self.transform.inverse(task.params),
                             objective=task.objective and task.objective.map_vectors(
                                 self.transform.inverse))
             result = run_task(self.model, plain, self.train[task.client],
-                              self.test[task.client], generator)
+                              self.test[task.client], generator, self.device)
             if result.update is not None:
                 result = replace(result, update=self.transform.forward(result.update))
             results.append(result)
@@ -77,10 +83,13 @@ class SequentialExecutor:
 
     def evaluate(self, params: np.ndarray, clients: Sequence[int], split: str = "test"
                  ) -> np.ndarray:
-        """(loss, accuracy) of one model on each listed client's test (or validation) data."""
+        """(loss, accuracy) of one model on each listed client's test (or validation) data.
+
+        The clients' data go through the model together, in chunks of about 1,000 samples
+        (`sim.batched.evaluate_clients`), not one client at a time.
+        """
         if self.transform is not None:
             params = self.transform.inverse(params)
-        w = torch.as_tensor(params)
+        w = torch.as_tensor(params).to(self.device)
         data = self.test if split == "test" else self.validation
-        return np.array([evaluate(self.model, w, *data[c]) for c in clients],
-                        dtype=np.float64).reshape(-1, 2)
+        return evaluate_clients(self.model, w, [data[c] for c in clients]).reshape(-1, 2)

@@ -23,6 +23,7 @@ from clusterfed.clustering.metrics import clustering_scores
 from clusterfed.data import Federation, build_federation, load_dataset
 from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel, build_model
+from clusterfed.sim.choice import build_executor
 from clusterfed.sim.evaluation import (
     best_of_path,
     evaluate_adapted,
@@ -30,7 +31,7 @@ from clusterfed.sim.evaluation import (
     round_record,
     sampled_local_accuracy,
 )
-from clusterfed.sim.executor import Executor, SequentialExecutor
+from clusterfed.sim.executor import Executor
 from clusterfed.sim.outputs import RunFolder, read_config
 from clusterfed.sim.sampling import sample_clients
 
@@ -118,10 +119,11 @@ class Simulation:
         self.algorithm = build_algorithm(self.config["algorithm"])
         self.spec = train_spec(self.config["train"])
         transform = privacy_transform(self.config, self.model.size)
-        self.executor: Executor = executor or SequentialExecutor(
-            self.model, self.federation, seed, transform,
-            self.config["eval"]["validation_fraction"])
+        # The initial vector is read before the executor moves the module to its device.
         initial = self.model.initial_vector().numpy()
+        self.executor: Executor = executor or build_executor(
+            self.config["run"], self.model, self.federation, seed, transform,
+            self.config["eval"]["validation_fraction"])
         # The layout is hidden under the privacy transform: coordinates are permuted there.
         layout = None if transform is not None else tuple(
             (n, tuple(s)) for n, s in zip(self.model.names, self.model.shapes, strict=True))

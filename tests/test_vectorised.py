@@ -1,0 +1,203 @@
+"""The vectorised executor and batched evaluation against the sequential executor, on CPU."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+
+import numpy as np
+import pytest
+import torch
+from helpers import tiny_config
+from torch import nn
+
+from clusterfed.client.privacy import ParameterTransform
+from clusterfed.client.tasks import ClientTask, TaskKind, TrainSpec
+from clusterfed.client.work import evaluate
+from clusterfed.data import build_federation, load_dataset
+from clusterfed.errors import ConfigError
+from clusterfed.models import FlatModel, build_model
+from clusterfed.sim.batched import evaluate_clients, evaluate_models
+from clusterfed.sim.choice import executor_kind, resolve_device
+from clusterfed.sim.executor import SequentialExecutor
+from clusterfed.sim.simulation import Simulation, initial_params
+from clusterfed.sim.vectorised import VectorisedExecutor, batch_plan, module_obstacle
+
+SEED = 5
+
+
+@pytest.fixture(scope="module")
+def federation():
+    """Digits, 6 clients of unequal sizes (quantity skew), so last batches differ in size."""
+    data = load_dataset("digits")
+    return build_federation(data, {"kind": "label_swap", "clients": 6, "clusters": 2,
+                                   "samples_per_client": 40, "test_samples_per_client": 15,
+                                   "quantity_skew": 0.6}, seed=1)
+
+
+def executors(federation, module=None, max_clients=None, transform=None):
+    module = module or build_model("digits_cnn", federation.input_shape, federation.n_classes)
+    initial_params(module, 0)
+    seq = SequentialExecutor(FlatModel(copy.deepcopy(module)), federation, SEED, transform)
+    vec = VectorisedExecutor(FlatModel(copy.deepcopy(module)), federation, SEED, transform,
+                             max_clients=max_clients)
+    return seq, vec, FlatModel(module).initial_vector().numpy()
+
+
+def assert_same(seq_results, vec_results):
+    assert len(seq_results) == len(vec_results)
+    for a, b in zip(seq_results, vec_results, strict=True):
+        assert (a.client, a.kind, a.num_samples, dict(a.meta)) == \
+            (b.client, b.kind, b.num_samples, dict(b.meta))
+        for name in ("update", "losses", "accuracies"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None) == (y is None), name
+            if x is not None:
+                np.testing.assert_allclose(y, x, rtol=1e-4, atol=2e-6, err_msg=name)
+        np.testing.assert_allclose(b.loss, a.loss, rtol=1e-5)
+
+
+@pytest.mark.parametrize("spec", [
+    TrainSpec(lr=0.1, batch_size=8, epochs=2),                    # unequal sizes: masked
+    TrainSpec(lr=0.05, batch_size=6, epochs=None, steps=7, momentum=0.9, weight_decay=1e-3),
+    TrainSpec(lr=0.5, batch_size=50, epochs=1, clip_grad_norm=0.3),   # batch > every client
+])
+def test_training_equals_sequential(federation, spec):
+    torch.set_num_threads(1)
+    seq, vec, w0 = executors(federation)
+    rng = np.random.default_rng(0)
+    # Different starting points per client, as in a clustered round; clients out of order.
+    tasks = [ClientTask(c, TaskKind.TRAIN, (w0 + 0.01 * rng.standard_normal(w0.shape)
+                                            ).astype(np.float32), spec, {"leaf": c % 2})
+             for c in (4, 0, 2, 5, 1, 3)]
+    sizes = seq.train_sizes()
+    assert len(set(sizes.tolist())) > 1   # the masking path is exercised
+    assert_same(seq.run(tasks, 3, 1), vec.run(tasks, 3, 1))
+
+
+@pytest.mark.parametrize("privacy", [None, "signed_permutation"])
+def test_many_models_and_mixed_tasks_equal_sequential(federation, privacy):
+    size = FlatModel(build_model("digits_cnn", federation.input_shape, 10)).size
+    transform = privacy and ParameterTransform.from_seed(privacy, 9, size)
+    # Groups split over vmap calls; with CFL's privacy transform, parameters in P-space.
+    seq, vec, w0 = executors(federation, max_clients=2, transform=transform)
+    if transform:   # the server sends and receives parameters in P-space
+        w0 = transform.forward(w0)
+    rng = np.random.default_rng(1)
+    stacked = (w0 + 0.05 * rng.standard_normal((3, len(w0)))).astype(np.float32)
+    spec = TrainSpec(lr=0.1, batch_size=10)
+    tasks = [ClientTask(0, TaskKind.LOSSES, stacked),
+             ClientTask(1, TaskKind.TRAIN, w0, spec),
+             ClientTask(1, TaskKind.EVALUATE, stacked),
+             ClientTask(2, TaskKind.GRADIENT, w0),
+             ClientTask(3, TaskKind.TRAIN, stacked[0], spec),
+             ClientTask(4, TaskKind.EVALUATE, w0),
+             ClientTask(5, TaskKind.TRAIN, w0, TrainSpec(lr=0.1, batch_size=4, steps=3,
+                                                          epochs=None))]
+    assert_same(seq.run(tasks, 0), vec.run(tasks, 0))
+
+
+def test_batched_evaluation_equals_client_by_client(federation):
+    module = build_model("digits_cnn", federation.input_shape, federation.n_classes)
+    model = FlatModel(module)
+    w = model.initial_vector()
+    data = [(torch.from_numpy(c.test_x), torch.from_numpy(c.test_y)) for c in federation.clients]
+    data.insert(2, (data[0][0][:0], data[0][1][:0]))   # a client without test data
+    expected = np.array([evaluate(model, w, x, y) for x, y in data])
+    for rows in (7, 1000):   # chunks across client boundaries, and everything at once
+        np.testing.assert_allclose(evaluate_clients(model, w, data, rows=rows), expected,
+                                   rtol=1e-5, atol=1e-7)
+    stacked = torch.stack([w, w * 0.5, -w])
+    x, y = data[0]
+    losses, accs = evaluate_models(model, stacked, x, y, rows=8)
+    np.testing.assert_allclose(losses, [evaluate(model, v, x, y)[0] for v in stacked], rtol=1e-5)
+    np.testing.assert_allclose(accs, [evaluate(model, v, x, y)[1] for v in stacked])
+
+
+def test_batch_norm_falls_back_with_a_notice(federation, caplog):
+    module = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.BatchNorm1d(16), nn.ReLU(),
+                           nn.Linear(16, 10))
+    assert "batch norm" in module_obstacle(module)
+    with caplog.at_level(logging.WARNING, logger="clusterfed"):
+        seq, vec, w0 = executors(federation, module=module)
+    assert "batch norm" in caplog.text and "sequentially" in caplog.text
+    tasks = [ClientTask(c, TaskKind.TRAIN, w0, TrainSpec(lr=0.1, batch_size=10))
+             for c in range(3)]
+    assert_same(seq.run(tasks, 0), vec.run(tasks, 0))
+
+
+@dataclasses.dataclass(frozen=True)
+class ProxSpec(TrainSpec):
+    """A train spec with an extra this executor does not know (as FedProx would add)."""
+
+    mu: float = 0.0
+
+
+def test_tasks_with_unknown_extras_run_sequentially(federation, caplog, monkeypatch):
+    seq, vec, w0 = executors(federation)
+    calls = []
+    monkeypatch.setattr(VectorisedExecutor, "_train_group",
+                        lambda self, tasks, *a: calls.append(tasks) or ["vmap"] * len(tasks))
+    plain = ClientTask(0, TaskKind.TRAIN, w0, ProxSpec(lr=0.1, batch_size=10))   # mu = default
+    with caplog.at_level(logging.WARNING, logger="clusterfed"):
+        vec.run([ClientTask(1, TaskKind.TRAIN, w0, ProxSpec(lr=0.1, batch_size=10, mu=0.1)),
+                 ClientTask(2, TaskKind.TRAIN, w0, TrainSpec(lr=0.1, batch_size=10),
+                            meta={"control": np.zeros(3)})], 0)
+    assert calls == []
+    assert "'mu'" in caplog.text and "'control'" in caplog.text
+    assert vec.run([plain], 0) == ["vmap"]   # an extra at its default value is vectorised
+    assert len(calls) == 1
+
+
+def test_batch_plan_matches_the_sequential_order():
+    spec = TrainSpec(lr=0.1, batch_size=4)
+    plan = batch_plan(10, spec, 7, torch.Generator().manual_seed(3))
+    gen = torch.Generator().manual_seed(3)
+    first, second = torch.randperm(10, generator=gen), torch.randperm(10, generator=gen)
+    assert plan.shape == (7, 4)
+    np.testing.assert_array_equal(plan[0], first[:4])
+    np.testing.assert_array_equal(plan[2, :2], first[8:])
+    assert (plan[2, 2:] == -1).all()
+    np.testing.assert_array_equal(plan[3], second[:4])
+
+
+def test_simulation_with_the_vectorised_executor_equals_sequential():
+    results = {}
+    for kind in ("sequential", "vectorised"):
+        cfg = tiny_config("fedavg", train={"rounds": 2}, run={"executor": kind, "device": "cpu",
+                                                               "threads": 1})
+        sim = Simulation(cfg)
+        assert type(sim.executor).__name__.lower().startswith(kind[:6])
+        results[kind] = (sim.run(), sim.algorithm.clusters(sim.state).models)
+    (a, ma), (b, mb) = results["sequential"], results["vectorised"]
+    np.testing.assert_allclose(mb, ma, rtol=1e-4, atol=1e-6)
+    assert b["final"]["mean_loss"] == pytest.approx(a["final"]["mean_loss"], rel=1e-4)
+
+
+def test_executor_choice():
+    cpu = torch.device("cpu")
+    assert executor_kind("auto", cpu) == "sequential"
+    assert executor_kind("auto", torch.device("cuda")) == "vectorised"
+    assert executor_kind("vectorised", cpu) == "vectorised"
+    assert resolve_device("cpu") == cpu
+    with pytest.raises(ConfigError, match="run.executor"):
+        Simulation(tiny_config("fedavg", run={"executor": "parallel"}))
+    with pytest.raises(ConfigError, match="run.device"):
+        resolve_device("no-such-device")
+
+
+def test_flat_model_call_fills_tied_parameters_and_restores_them():
+    shared = nn.Linear(4, 4)
+    module = nn.Sequential(shared, nn.ReLU(), shared)   # one weight in two slots
+    flat = FlatModel(module)
+    assert flat.size == 20
+    w = torch.randn(20)
+    x = torch.randn(3, 4)
+    parts = flat.unflatten(w)
+    manual = torch.relu(x @ parts["0.weight"].T + parts["0.bias"]) @ parts["0.weight"].T \
+        + parts["0.bias"]
+    torch.testing.assert_close(flat(w, x), manual)
+    assert module[0].weight is shared.weight and isinstance(module[2].weight, nn.Parameter)
+    torch.testing.assert_close(torch.func.vmap(flat, in_dims=(0, None))(torch.stack([w, w]), x)[1],
+                               manual)
