@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -290,16 +291,20 @@ class VectorisedExecutor(SequentialExecutor):
         for t, n, update, loss in zip(tasks, sizes, updates_np, losses.tolist(), strict=True):
             if self.transform is not None:
                 update = self.transform.forward(update)
-            out.append(ClientResult(t.client, t.kind, n, update=update, loss=loss, meta=t.meta))
+            out.append(ClientResult(t.client, t.kind, n, update=update, loss=loss,
+                                    meta={**t.meta, "local_steps": steps}))
         return out
 
     def _many_models(self, task: ClientTask) -> ClientResult:
         """LOSSES (training data) or EVALUATE (test data) of k models in one vmap."""
         w = torch.as_tensor(self._params(task)).to(self.device)
         if task.kind is TaskKind.LOSSES:
+            began = time.perf_counter()
             x, y = self.train[task.client]
             loss, _ = evaluate_models(self.model, w, x, y)
-            return ClientResult(task.client, task.kind, len(y), losses=loss, meta=task.meta)
+            # The client's compute time, as run_task reports it (LCFL's cost figures).
+            meta = {**task.meta, "seconds": time.perf_counter() - began}
+            return ClientResult(task.client, task.kind, len(y), losses=loss, meta=meta)
         x, y = self.test[task.client]
         loss, acc = evaluate_models(self.model, w, x, y)
         return ClientResult(task.client, task.kind, len(y), losses=loss, accuracies=acc,
