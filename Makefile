@@ -25,8 +25,13 @@ test: $(VENV)/.installed-test
 	$(BIN)/ruff check clusterfed tests benchmarks
 	$(BIN)/python -m pytest -q
 
-bench: $(VENV)/.installed
+bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/round_time.py
+	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/flower.py
+	$(BIN)/python benchmarks/vectorised.py
+	$(BIN)/python benchmarks/scale.py
+	$(BIN)/python benchmarks/lcfl_matrix.py --rows 1
 
 reproduce: $(VENV)/.installed
 	$(BIN)/clusterfed run $(PRESET) --out runs/reproduce-$(PRESET)
