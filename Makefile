@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install -q -c constraints.txt
 PRESET ?= quickstart
 
-.PHONY: run test bench reproduce reproduce-tests lint clean
+.PHONY: run test test-flower bench reproduce reproduce-tests lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check clusterfed tests benchmarks
 	$(BIN)/python -m pytest -q
+
+# Real SuperLink and SuperNode processes on 127.0.0.1: minutes of process starts, so apart.
+test-flower: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q -m flower
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/round_time.py

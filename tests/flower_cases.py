@@ -14,18 +14,19 @@ FLOWER_ALGORITHMS: list[dict[str, Any]] = [
     {"name": "fedavg"},
     # eps1/eps2 large enough that CFL splits within two rounds of this small scenario.
     {"name": "cfl", "eps1": 0.6, "eps2": 0.1},
-]
-
-# The in-process Flower tests (the real ClientApp and wire format behind a loopback grid) run
-# every registered algorithm, each set to cluster within the two rounds of this scenario; the
-# real-network tests run FLOWER_ALGORITHMS, since each real run costs a minute of process starts.
-EVERY_ALGORITHM: list[dict[str, Any]] = [
-    *FLOWER_ALGORITHMS,
+    # The other clustered methods, each set to cluster within the two rounds.
     {"name": "flhc", "rounds_before_clustering": 1, "threshold_mode": "clusters",
      "threshold": 2},
     {"name": "pacfl", "n_clusters": 2},
     {"name": "lcfl", "k": 2, "warmup_rounds": 1},
     {"name": "ifca", "k": 2},
+]
+
+# The in-process Flower tests (the real ClientApp and wire format behind a loopback grid) run
+# every registered algorithm; the real-network tests (`make test-flower`) run the clustered ones
+# and FedAvg, since each real run costs a minute of process starts.
+EVERY_ALGORITHM: list[dict[str, Any]] = [
+    *FLOWER_ALGORITHMS,
     {"name": "fedprox", "mu": 0.01},
     {"name": "fednova"},
     {"name": "scaffold"},
