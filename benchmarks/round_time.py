@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from common import default_data_dir, synthetic_mnist
 from torch.utils.flop_counter import FlopCounterMode
 
 from clusterfed.data import Dataset, Federation, build_federation, load_dataset
@@ -33,7 +33,6 @@ from clusterfed.models import FlatModel
 from clusterfed.sim.sampling import sample_clients
 from clusterfed.sim.simulation import Simulation
 
-REPO = Path(__file__).resolve().parents[1]
 SEED = 0
 BATCH_SIZES = (10, 50)
 CLIENTS = 100
@@ -46,24 +45,6 @@ WARMUP_ROUNDS = 1
 # (untimed) evaluation from costing more than the benchmark itself.
 TEST_PER_CLIENT = 10
 MATMUL_SIZE = 2048
-
-
-def default_data_dir() -> Path:
-    explicit = os.environ.get("CLUSTERFED_SHARED_DATA")
-    return Path(explicit) if explicit else REPO.parent / "shared" / "data"
-
-
-def synthetic_mnist(seed: int) -> Dataset:
-    """Random uint8 images and labels of MNIST's shape: the same work per image as MNIST."""
-    rng = np.random.default_rng(seed)
-    return Dataset(
-        "mnist-synthetic",
-        rng.integers(0, 256, size=(60000, 1, 28, 28), dtype=np.uint8),
-        rng.integers(0, 10, size=60000, dtype=np.int64),
-        rng.integers(0, 256, size=(10000, 1, 28, 28), dtype=np.uint8),
-        rng.integers(0, 10, size=10000, dtype=np.int64),
-        10,
-    )
 
 
 def load_mnist_or_synthetic(root: Path) -> tuple[Dataset, bool, str]:
