@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from clusterfed.algorithms.aggregate import aggregation_weights
-from clusterfed.algorithms.base import ALGORITHMS, ClusterView, RoundContext, Setup, Update
-from clusterfed.algorithms.fedavg import FedAvgState
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
+from clusterfed.algorithms.base import ALGORITHMS, RoundContext, Update
+from clusterfed.algorithms.fedavg import FedAvg, FedAvgState
+from clusterfed.client.tasks import ClientResult
 
 
 def local_step_norms(steps: np.ndarray, momentum: float) -> np.ndarray:
@@ -44,18 +44,8 @@ def normalised_average(updates: np.ndarray, norms: np.ndarray, weights: np.ndarr
 
 @ALGORITHMS.register("fednova")
 @dataclass(frozen=True)
-class FedNova:
-    weighting: str = "samples"   # p_i = n_i / n over the round's clients, or "uniform"
-    server_lr: float = 1.0
-
-    def __post_init__(self) -> None:
-        aggregation_weights(np.ones(1), self.weighting)
-
-    def init(self, setup: Setup) -> FedAvgState:
-        return FedAvgState(setup.initial_params.copy(), setup.num_clients)
-
-    def plan(self, state: FedAvgState, ctx: RoundContext) -> list[ClientTask]:
-        return [ClientTask(int(c), TaskKind.TRAIN, state.model, ctx.train) for c in ctx.sampled]
+class FedNova(FedAvg):
+    """FedAvg's options (p_i from `weighting`), state, plan and clusters; a normalised update."""
 
     def update(self, state: FedAvgState, ctx: RoundContext, results: Sequence[ClientResult]
                ) -> Update:
@@ -70,6 +60,3 @@ class FedNova:
         step, tau_eff = normalised_average(np.stack([r.update for r in results]), norms, weights)
         model = (state.model + self.server_lr * step).astype(np.float32)
         return Update(replace(state, model=model), metrics={"tau_eff": tau_eff})
-
-    def clusters(self, state: FedAvgState) -> ClusterView:
-        return ClusterView(state.model[None], np.zeros(state.num_clients, dtype=np.int64))

@@ -8,42 +8,27 @@ FedAvg, step for step.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-import numpy as np
-
-from clusterfed.algorithms.aggregate import aggregation_weights
-from clusterfed.algorithms.base import ALGORITHMS, ClusterView, RoundContext, Setup, Update
-from clusterfed.algorithms.fedavg import FedAvgState, apply_updates
-from clusterfed.client.tasks import ClientResult, ClientTask, LocalObjective, TaskKind
+from clusterfed.algorithms.base import ALGORITHMS, RoundContext
+from clusterfed.algorithms.fedavg import FedAvg, FedAvgState
+from clusterfed.client.tasks import ClientTask, LocalObjective, TaskKind
 
 
 @ALGORITHMS.register("fedprox")
 @dataclass(frozen=True)
-class FedProx:
+class FedProx(FedAvg):
+    """FedAvg's state, aggregation and clusters; only the clients' local objective differs."""
+
     mu: float = 0.01             # the proximal weight; PACFL's Table 12 tries {0.01, 0.001}
-    weighting: str = "samples"   # or "uniform"
-    server_lr: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.mu >= 0 or not math.isfinite(self.mu):
             raise ValueError(f"mu must be a number >= 0, got {self.mu}")
-        aggregation_weights(np.ones(1), self.weighting)
-
-    def init(self, setup: Setup) -> FedAvgState:
-        return FedAvgState(setup.initial_params.copy(), setup.num_clients)
+        super().__post_init__()
 
     def plan(self, state: FedAvgState, ctx: RoundContext) -> list[ClientTask]:
         # The proximal anchor is the model each client receives: the global w^t.
         objective = LocalObjective(prox_mu=self.mu) if self.mu else None
         return [ClientTask(int(c), TaskKind.TRAIN, state.model, ctx.train, objective=objective)
                 for c in ctx.sampled]
-
-    def update(self, state: FedAvgState, ctx: RoundContext, results: Sequence[ClientResult]
-               ) -> Update:
-        return Update(replace(state, model=apply_updates(state.model, results, self.weighting,
-                                                         self.server_lr)))
-
-    def clusters(self, state: FedAvgState) -> ClusterView:
-        return ClusterView(state.model[None], np.zeros(state.num_clients, dtype=np.int64))

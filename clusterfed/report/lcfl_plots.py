@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from clusterfed.clustering.metrics import clustering_scores  # noqa: E402
+from clusterfed.report import plots  # noqa: E402
 from clusterfed.sim.outputs import read_jsonl  # noqa: E402
 
 Record = Mapping[str, Any]
@@ -57,23 +58,13 @@ def distance_plot(event: Record, true: Sequence[int], path: Path) -> None:
 
 def accuracy_plot(metrics: Sequence[Record], clustering_round: int | None, path: Path) -> None:
     """Mean and per-true-cluster accuracy; the warm-up shaded up to the clustering round."""
-    rows = [m for m in metrics if "mean_accuracy" in m]
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    rounds = [m["round"] for m in rows]
-    if rows:
-        for k in sorted(rows[-1]["per_true_cluster_accuracy"], key=int):
-            ax.plot(rounds, [m["per_true_cluster_accuracy"].get(k, np.nan) for m in rows],
-                    lw=1, alpha=0.6, label=f"true cluster {k}")
-        ax.plot(rounds, [m["mean_accuracy"] for m in rows], color="black", lw=2, label="mean")
-    if clustering_round is not None:
-        ax.axvspan(0, clustering_round, color="grey", alpha=0.2, label="warm-up")
-        ax.axvline(clustering_round, color="grey", ls="--", lw=1)
-    ax.set(xlabel="round (warm-up included)", ylabel="client test accuracy", ylim=(0, 1))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+
+    def warm_up(ax: Any) -> None:
+        if clustering_round is not None:
+            ax.axvspan(0, clustering_round, color="grey", alpha=0.2, label="warm-up")
+            ax.axvline(clustering_round, color="grey", ls="--", lw=1)
+
+    plots.accuracy_curves(metrics, path, mark=warm_up)
 
 
 def lcfl_section(folder: Path, summary: Record, metrics: Sequence[Record]) -> list[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +19,12 @@ def _evaluated(metrics: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [m for m in metrics if "mean_accuracy" in m]
 
 
-def accuracy_curves(metrics: Sequence[Mapping[str, Any]], path: Path) -> None:
-    """Mean client accuracy and each true cluster's mean accuracy per round."""
+def accuracy_curves(metrics: Sequence[Mapping[str, Any]], path: Path,
+                    mark: Callable[[Any], None] | None = None) -> None:
+    """Mean client accuracy and each true cluster's mean accuracy per round.
+
+    `mark(ax)`, if given, draws a method's own phases on the axes (LCFL's warm-up).
+    """
     rows = _evaluated(metrics)
     fig, ax = plt.subplots(figsize=(6, 4))
     rounds = [m["round"] for m in rows]
@@ -28,6 +32,8 @@ def accuracy_curves(metrics: Sequence[Mapping[str, Any]], path: Path) -> None:
         ax.plot(rounds, [m["per_true_cluster_accuracy"].get(k, np.nan) for m in rows],
                 lw=1, alpha=0.6, label=f"true cluster {k}")
     ax.plot(rounds, [m["mean_accuracy"] for m in rows], color="black", lw=2, label="mean")
+    if mark is not None:
+        mark(ax)
     ax.set(xlabel="round", ylabel="client test accuracy", ylim=(0, 1))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
