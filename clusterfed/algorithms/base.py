@@ -77,9 +77,15 @@ class Algorithm(Protocol[S]):
     (test-time fine-tuning: FedAvg-FT, Per-FedAvg's one-step personalisation). The runtime runs
     it as a TRAIN task at evaluation only, under the protocols 'cluster' and 'local' alike
     (the adapted served model replaces the client's own model); the state never sees it.
+
+    A clustered method also sets `sees`: the kinds of heterogeneity its clustering signal can
+    tell apart, among "concept" (the same inputs labelled differently: label swap,
+    permutation), "feature" (other inputs for the same labels: rotation) and "label" (other
+    label sets). `clusterfed benchmark` holds it to recovering those, and one cluster on iid.
     """
 
     toy_mixture_options: ClassVar[Mapping[str, Any] | None]
+    sees: ClassVar[frozenset[str]]
 
     def init(self, setup: Setup) -> S: ...
 

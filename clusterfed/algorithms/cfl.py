@@ -66,6 +66,10 @@ class CFLState:
     last_split: np.ndarray               # per leaf: the round it was created (-1: initial)
     max_norms: dict[int, np.ndarray] = field(default_factory=dict)  # per leaf, recent rounds
     streaks: dict[int, int] = field(default_factory=dict)  # per leaf: rounds criteria held
+    # Per leaf: the similarity matrix averaged over recent rounds (acceptance "estimated"),
+    # and how many rounds it holds.
+    similarities: dict[int, np.ndarray] = field(default_factory=dict)
+    similarity_rounds: dict[int, int] = field(default_factory=dict)
 
 
 def _leaf_index(state: CFLState, node: int) -> int:
@@ -80,7 +84,13 @@ class CFL:
     rho: float | None = 0.25            # scale-free rule (A2): mean_norm / max_norm < rho
     stagnation_window: int = 5          # ... and the max norm has not fallen over this many
     stagnation_tolerance: float = 0.1   # ... rounds by more than this fraction
-    gamma_max: float = 0.1              # Eq. 39; 0 accepts every split (the authors' code)
+    # Which bipartitions are kept: "estimated" (default) tests Eq. 39 with gamma estimated
+    # from the similarities (gamma_hat < gamma_ratio x bound); "fixed" is the paper's test
+    # with the assumed gamma_max, which the paper presets use.
+    acceptance: str = "estimated"
+    gamma_ratio: float = 0.95
+    similarity_memory: int = 5          # "estimated": rounds the similarity is averaged over
+    gamma_max: float = 0.1              # Eq. 39 ("fixed"); 0 accepts every split (authors' code)
     bipartition: str = "optimal"        # Algorithm 1, or "complete" linkage (authors' code)
     weighting: str = "samples"          # FedAvg weights (A1); "uniform" as Algorithm 5 prints
     mode: str = "alg5"                  # "alg3": children restart from theta*_parent (A5, A6)
@@ -94,9 +104,11 @@ class CFL:
     join_round: int = 0
     leavers: Sequence[int] = ()         # clients that leave for good at leave_round
     leave_round: int = 0
+    sees: ClassVar[frozenset[str]] = frozenset({'concept', 'feature', 'label'})
     toy_mixture_options: ClassVar[dict[str, Any]] = {"rounds": 30, "min_child_size": 2}
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
         "bipartition": ("optimal", "complete"), "mode": ("alg5", "alg3"),
+        "acceptance": ("estimated", "fixed"),
         "similarity_from": ("updates", "gradients")}
     newcomer_set: frozenset[int] = field(init=False, repr=False, default=frozenset())
 
@@ -105,10 +117,12 @@ class CFL:
         aggregation_weights(np.ones(1), self.weighting)
         if (self.eps1 is None) != (self.eps2 is None):
             raise ValueError("give both eps1 and eps2 (absolute rule) or neither")
-        if self.eps1 is None and self.rho is None:
-            raise ValueError("give eps1 and eps2, or rho for the scale-free rule")
         if not 0.0 <= self.gamma_max < 1.0:
             raise ValueError("gamma_max must be in [0, 1)")
+        if not 0.0 < self.gamma_ratio <= 1.0:
+            raise ValueError("gamma_ratio must be in (0, 1]")
+        if self.similarity_memory < 1:
+            raise ValueError("similarity_memory must be at least 1 round")
         if self.min_split_size < 2:
             raise ValueError("min_split_size must be at least 2")
         if self.patience < 1:
@@ -229,13 +243,19 @@ class CFL:
             diagnostics = {"similarity": similarity, "members": clients}
         members = state.nodes[leaf].members
         everyone = len(results) == len(members)
+        tested, ready = diagnostics.get("similarity"), True
+        if self.acceptance == "estimated" and tested is not None and everyone:
+            # Noise in one round's similarities averages out over rounds; a true cluster
+            # structure persists. The split is tested on the average.
+            state, tested, ready = self._remember_similarity(state, leaf, tested)
+            bipartition = self._bipartition(tested)
         # One noisy round must not split a cluster when patience asks for several (A4).
         held = everyone and self._wants_split(state, k, len(members), mean_norm, history, rnd)
         streak = state.streaks.get(leaf, 0) + 1 if held else 0
         state = replace(state, streaks={**state.streaks, leaf: streak})
         events = []
-        if held and streak >= self.patience and bipartition is not None:
-            split, event = self._try_split(diagnostics["similarity"], bipartition, clients)
+        if held and ready and streak >= self.patience and bipartition is not None:
+            split, event = self._try_split(tested, bipartition, clients)
             event.update({"type": "split" if split else "split_rejected", "node": leaf,
                           "mean_norm": mean_norm, "max_norm": max_norm})
             events.append(event)
@@ -247,6 +267,18 @@ class CFL:
         models = state.models.copy()
         models[k] = models[k] + mean_update
         return replace(state, models=models), info, events, diagnostics
+
+    def _remember_similarity(self, state: CFLState, leaf: int, similarity: np.ndarray
+                             ) -> tuple[CFLState, np.ndarray, bool]:
+        """The leaf's similarity, exponentially averaged over about `similarity_memory`
+        rounds, and whether it already holds that many rounds."""
+        rounds = state.similarity_rounds.get(leaf, 0) + 1
+        previous = state.similarities.get(leaf)
+        average = similarity if previous is None else previous + (
+            similarity - previous) * (2.0 / (self.similarity_memory + 1))
+        state = replace(state, similarities={**state.similarities, leaf: average},
+                        similarity_rounds={**state.similarity_rounds, leaf: rounds})
+        return state, average, rounds >= self.similarity_memory
 
     def _bipartition(self, similarity: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
         """Algorithm 1 (or complete linkage) and its alpha_cross_max (Eqs. 25, 17)."""
@@ -265,7 +297,8 @@ class CFL:
         if self.eps1 is not None and self.eps2 is not None:
             return cfl_math.norm_split_test(mean_norm, float(max_norms[-1]), self.eps1,
                                             self.eps2)  # Eqs. 32, 33
-        assert self.rho is not None
+        if self.rho is None:        # no norm gate: the similarity test alone decides
+            return True
         return cfl_math.scale_free_split_test(mean_norm, max_norms, ratio=self.rho,
                                               window=self.stagnation_window,
                                               tolerance=self.stagnation_tolerance)
@@ -282,9 +315,16 @@ class CFL:
             "similarity": np.round(similarity, 5).tolist(),
         }
         small = min(len(part_a), len(part_b)) < self.min_child_size
-        if cfl_math.split_is_admissible(alpha, self.gamma_max) and not small:
+        gamma_hat = cfl_math.estimated_gamma(similarity, part_a, part_b)
+        event["gamma_hat"] = gamma_hat
+        if self.acceptance == "estimated":
+            separated = cfl_math.split_is_separated(similarity, part_a, part_b,
+                                                    self.gamma_ratio)
+        else:
+            separated = cfl_math.split_is_admissible(alpha, self.gamma_max)
+        if separated and not small:
             return (part_a, part_b), event
-        event["reason"] = "child too small" if small else "gamma_max test failed"
+        event["reason"] = "child too small" if small else f"{self.acceptance} gamma test failed"
         return None, event
 
     # views -----------------------------------------------------------------------------------
@@ -336,6 +376,8 @@ def split_leaf(state: CFLState, leaf: int, parts: tuple[np.ndarray, np.ndarray],
         state, nodes=tuple(nodes),
         max_norms={v: h for v, h in state.max_norms.items() if v != leaf},
         streaks={v: s for v, s in state.streaks.items() if v != leaf},
+        similarities={v: s for v, s in state.similarities.items() if v != leaf},
+        similarity_rounds={v: s for v, s in state.similarity_rounds.items() if v != leaf},
         leaves=np.concatenate([state.leaves[keep], child_ids]),
         models=np.concatenate([state.models[keep], np.stack(child_models)]).astype(np.float32),
         client_node=client_node,

@@ -175,6 +175,7 @@ class IFCA:
     # the k-means-like choice keeps merging true clusters, since a model that leaves the
     # loss plateau first wins every client and a model nobody chose never trains again
     # (measured: docs/reproductions/ifca.md). Rotations are recovered (tests/test_ifca.py).
+    sees: ClassVar[frozenset[str]] = frozenset({'concept', 'feature', 'label'})
     toy_mixture_options: ClassVar[dict[str, Any] | None] = None
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
         "aggregate": ("models", "gradients"), "gradient_scale": ("participants", "cluster"),

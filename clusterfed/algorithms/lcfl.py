@@ -84,7 +84,7 @@ def logged_clients(num_clients: int, limit: int) -> np.ndarray:
 class LCFL:
     k: int | None = None              # clusters; None: by silhouette on d up to k_max
     k_max: int = 10
-    min_silhouette: float | None = None  # below it, keep one cluster (A26, an extension)
+    min_silhouette: float | None = pc.NO_STRUCTURE  # below it, one cluster (A26, extension)
     min_distance: float | None = None    # if max d is below it, keep one cluster (A26)
     warmup: str = "federated"         # or "local" (Algorithm 1)
     warmup_rounds: int = 5            # federated: FedAvg rounds, the last with every client
@@ -108,6 +108,7 @@ class LCFL:
     cluster_init: str = "global"      # or "members" (A9's mean of warm-up models), "medoid"
     weighting: str = "samples"        # FedAvg weights (A11); "uniform": the code's mean
     log_distance_clients: int = 1000  # rows of d written to events.jsonl (evenly spaced)
+    sees: ClassVar[frozenset[str]] = frozenset({'concept', 'feature', 'label'})
     toy_mixture_options: ClassVar[dict[str, Any]] = {"rounds": 6, "k": 4, "warmup_rounds": 4}
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
         "warmup": ("federated", "local"),
@@ -255,14 +256,9 @@ class LCFL:
                                     and self.threshold is not None):
             labels = self._with_k(d, self.k)
         else:                                   # automatic k: the best silhouette on d
-            scores = {}
-            for k in range(2, min(self.k_max, len(d) - 1) + 1):
-                scores[k] = pc.silhouette(d, self._with_k(d, k))
-            best = max(scores, key=lambda k: (scores[k], -k)) if scores else 1
+            labels, scores = pc.best_by_silhouette(d, lambda k: self._with_k(d, k), self.k_max,
+                                                   self.min_silhouette)
             info["silhouettes"] = {str(k): round(s, 6) for k, s in scores.items()}
-            keep_one = (not scores or self.min_silhouette is not None
-                        and scores[best] < self.min_silhouette)
-            labels = np.zeros(len(d), dtype=np.int64) if keep_one else self._with_k(d, best)
         if self.min_distance is not None and float(d.max(initial=0.0)) < self.min_distance:
             labels = np.zeros(len(d), dtype=np.int64)   # nobody is distinguishable (A26)
         info["silhouette"] = round(pc.silhouette(d, labels), 6)

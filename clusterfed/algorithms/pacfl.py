@@ -41,6 +41,7 @@ from clusterfed.algorithms.base import (
 )
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
 from clusterfed.clustering import principal_angles as pa
+from clusterfed.clustering.precomputed import NO_STRUCTURE, divisive_silhouette
 from clusterfed.state import serialisable
 
 UNASSIGNED = -1
@@ -62,9 +63,16 @@ class PACFLState:
 @ALGORITHMS.register("pacfl")
 @dataclass(frozen=True)
 class PACFL:
-    beta: float = 3.5                    # HC threshold in degrees (code default; presets set it)
+    # The cut: at beta degrees (the paper's rule; the code's default 3.5), into n_clusters, or
+    # (neither given, the default) at the number of clusters with the best silhouette on A up
+    # to k_max, again inside each cluster found, one cluster below min_silhouette (beta
+    # depends on the data's dimension, p and the measure; the silhouette compares within- and
+    # between-cluster angles and does not).
+    beta: float | None = None            # HC threshold in degrees
     linkage: str = "weighted"            # or average / complete / single
     n_clusters: int | None = None        # extension: cut into this many clusters, not at beta
+    k_max: int = 10
+    min_silhouette: float | None = NO_STRUCTURE
     measure: str = "min_pair"            # or principal_min / ordered_sum / principal_sum
     absolute: bool = True                # min_pair without |.|: the authors' code
     p: int = 3                           # singular vectors per block
@@ -79,6 +87,7 @@ class PACFL:
     reassign_existing: bool = False      # let the rerun move old clients between clusters
     finetune_newcomers: bool = True      # Alg. 3 line 6: train once locally on arrival
     # Not claimed: label swaps keep each client's images, hence its signature (see README).
+    sees: ClassVar[frozenset[str]] = frozenset({'feature', 'label'})
     toy_mixture_options: ClassVar[dict[str, Any] | None] = None
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
         "linkage": pa.LINKAGES, "measure": pa.MEASURES, "signature": ("per_class", "whole"),
@@ -88,8 +97,10 @@ class PACFL:
     def __post_init__(self) -> None:
         check_choices(self, self._kinds)
         aggregation_weights(np.ones(1), self.weighting)
-        if not self.beta >= 0:
+        if self.beta is not None and not self.beta >= 0:
             raise ValueError(f"beta (degrees) must be >= 0, got {self.beta}")
+        if self.k_max < 2:
+            raise ValueError(f"k_max must be at least 2, got {self.k_max}")
         if self.n_clusters is not None and self.n_clusters < 1:
             raise ValueError(f"n_clusters must be at least 1, got {self.n_clusters}")
         if self.p < 1:
@@ -181,7 +192,14 @@ class PACFL:
 
     def _cut(self, proximity: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         tree = pa.linkage_tree(proximity, self.linkage)
-        return tree, pa.cut_tree(tree, len(proximity), self.beta, self.n_clusters)
+        n = len(proximity)
+        if self.beta is not None or self.n_clusters is not None:
+            return tree, pa.cut_tree(tree, n, self.beta, self.n_clusters)
+        def cut(sub: np.ndarray, k: int) -> np.ndarray:
+            return pa.cut_tree(pa.linkage_tree(sub, self.linkage), len(sub), n_clusters=k)
+
+        labels = divisive_silhouette(proximity, cut, self.k_max, self.min_silhouette)
+        return tree, pa.canonical_labels(labels)
 
     def _clustering_event(self, kind: str, ids: np.ndarray, proximity: np.ndarray,
                           tree: np.ndarray, labels: np.ndarray) -> dict[str, Any]:

@@ -392,6 +392,50 @@ def split_is_admissible(alpha_cross_max: float, gamma_max_threshold: float) -> b
     return bool(gamma_max_threshold < gamma_max(alpha_cross_max))
 
 
+def nearest_own_side(similarity: np.ndarray, part_a: np.ndarray, part_b: np.ndarray
+                     ) -> np.ndarray:
+    """s_i: each client's highest similarity to another member of its own side of a
+    bipartition, in position order; -1 for a client alone on its side (no evidence)."""
+    s = np.asarray(similarity, dtype=np.float64)
+    a, b = _parts_checked(s.shape[0], part_a, part_b)
+    out = np.full(s.shape[0], -1.0)
+    for part in (a, b):
+        if len(part) > 1:
+            block = s[np.ix_(part, part)].copy()
+            np.fill_diagonal(block, -np.inf)
+            out[part] = block.max(axis=1)
+    return out
+
+
+def estimated_gamma(similarity: np.ndarray, part_a: np.ndarray, part_b: np.ndarray) -> float:
+    """gamma_hat = sqrt((1 - min_i s_i) / 2): the noise level Eq. 38 implies from the data.
+
+    Eq. 38 bounds the within-distribution similarity by alpha_intra^min >= 1 - 2 gamma^2; here
+    alpha_intra^min is estimated by the weakest nearest-own-side similarity
+    (:func:`nearest_own_side`), which, unlike the all-pairs minimum, stays high on a side that
+    still holds several distributions to be split later. A one-client side gives gamma_hat = 1.
+    """
+    s_min = float(nearest_own_side(similarity, part_a, part_b).min())
+    return float(np.sqrt((1.0 - min(max(s_min, -1.0), 1.0)) / 2.0))
+
+
+def split_is_separated(similarity: np.ndarray, part_a: np.ndarray, part_b: np.ndarray,
+                       ratio: float) -> bool:
+    """Accept a bipartition iff gamma_hat < ratio * sqrt((1 - alpha_cross^max) / 2).
+
+    Eq. 39 with the noise bound estimated from the similarities themselves instead of assumed:
+    with ratio = 1 this only says the sides are more alike inside than across, which the
+    optimal bipartition always satisfies (each side's spanning-tree edges are at least as
+    strong as the cut edge); ratio < 1 asks for a margin, in the same units as Eq. 39.
+    Equivalently (s_min - alpha_cross^max) / (1 - alpha_cross^max) > 1 - ratio^2: a relative
+    separation gap (Def. 2) with alpha_intra^min estimated, free of any scale.
+    """
+    if not 0.0 < ratio <= 1.0:
+        raise ValueError(f"ratio must lie in (0, 1], got {ratio}")
+    bound = gamma_max(alpha_cross_max(similarity, part_a, part_b))
+    return bool(estimated_gamma(similarity, part_a, part_b) < ratio * bound)
+
+
 def noise_coupling(gamma_i: np.ndarray | float, gamma_j: np.ndarray | float) -> np.ndarray:
     """H_ij = -gamma_i gamma_j + sqrt(1 - gamma_i^2) sqrt(1 - gamma_j^2) (Eq. 20), gamma in [0, 1].
 

@@ -18,12 +18,19 @@ import numpy as np
 from scipy.cluster import hierarchy
 from scipy.spatial.distance import pdist, squareform
 
+from clusterfed.clustering.precomputed import NO_STRUCTURE, divisive_silhouette
+
 METRICS = ("l1", "l2", "cosine")
 LINKAGES = ("single", "complete", "average", "ward")
 # How the threshold is read: an absolute merge height (the paper's tau); scale-free: a
 # fraction of the largest merge height, a multiple of the median merge height (most merges
-# join similar clients, so the median is the within-group scale), or a number of clusters.
-THRESHOLD_MODES = ("absolute", "relative", "median", "clusters")
+# join similar clients, so the median is the within-group scale), a number of clusters, or
+# the least mean silhouette a cut must reach (the tree is cut at the best silhouette, then
+# again inside each cluster, see `precomputed.divisive_silhouette`).
+THRESHOLD_MODES = ("absolute", "relative", "median", "clusters", "silhouette")
+# The threshold each mode reads when none is given; the others need one.
+DEFAULT_THRESHOLDS = {"absolute": 3.0, "silhouette": NO_STRUCTURE}
+SILHOUETTE_K_MAX = 10
 CHUNK_BYTES = 64 * 2**20   # float64 working memory per column block
 
 
@@ -61,6 +68,10 @@ def check_threshold(mode: str, threshold: float) -> None:
     if mode == "clusters":
         if threshold != int(threshold) or threshold < 1:
             raise ValueError(f"threshold_mode 'clusters' needs a whole threshold >= 1, "
+                             f"got {threshold}")
+    elif mode == "silhouette":
+        if not -1.0 <= threshold <= 1.0:
+            raise ValueError(f"threshold_mode 'silhouette' needs a threshold in [-1, 1], "
                              f"got {threshold}")
     elif not threshold >= 0:
         raise ValueError(f"threshold must be >= 0, got {threshold}")
@@ -161,7 +172,13 @@ def cluster_condensed(condensed: np.ndarray, linkage: str, threshold: float,
                           absolute_threshold(np.zeros(0), mode, threshold))
     tree = hierarchy.linkage(condensed, method=linkage)
     cut = absolute_threshold(tree[:, 2], mode, threshold)
-    if mode == "clusters":
+    if mode == "silhouette":
+        def cut_k(sub: np.ndarray, k: int) -> np.ndarray:
+            return hierarchy.fcluster(hierarchy.linkage(to_condensed(sub), method=linkage),
+                                      t=k, criterion="maxclust")
+
+        raw = divisive_silhouette(squareform(condensed), cut_k, SILHOUETTE_K_MAX, threshold)
+    elif mode == "clusters":
         raw = hierarchy.fcluster(tree, t=int(threshold), criterion="maxclust")
     else:
         raw = hierarchy.fcluster(tree, t=cut, criterion="distance")

@@ -8,6 +8,7 @@ Every function returns labels 0..K-1 numbered by first appearance in client orde
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -202,3 +203,66 @@ def silhouette(d: np.ndarray, labels: np.ndarray) -> float:
     if not 2 <= k <= len(labels) - 1:
         return -1.0
     return float(silhouette_score(check_distance(d), labels, metric="precomputed"))
+
+
+# Kaufman and Rousseeuw (1990, ch. 2): an average silhouette of 0.25 or less means "no
+# substantial structure has been found". Below it, a method keeps one cluster.
+NO_STRUCTURE = 0.25
+
+
+def best_by_silhouette(d: np.ndarray, labels_for_k: Callable[[int], np.ndarray], k_max: int,
+                       min_silhouette: float | None = NO_STRUCTURE, min_size: int = 2
+                       ) -> tuple[np.ndarray, dict[int, float]]:
+    """The clustering with the best mean silhouette on d among k = 2..k_max, and the scores.
+
+    `labels_for_k(k)` clusters into k; ties go to the smaller k. One cluster when no k fits
+    (fewer than 3 points) or when the best silhouette is below `min_silhouette` (None: never):
+    the silhouette compares each point's distance to its own cluster with its distance to the
+    next, so it needs no scale and reads the same on losses, angles and update norms. A
+    clustering with a cluster smaller than `min_size` is no candidate: a lone point's
+    silhouette is 0 by definition, so it carries no evidence of a cluster, and one client far
+    from the rest of its group would otherwise be cut off for that alone.
+    """
+    d = check_distance(d)
+    scores: dict[int, float] = {}
+    found: dict[int, np.ndarray] = {}
+    for k in range(2, min(k_max, len(d) - 1) + 1):
+        labels = labels_for_k(k)
+        if np.unique(labels, return_counts=True)[1].min() < min_size:
+            continue
+        found[k] = labels
+        scores[k] = silhouette(d, labels)
+    one = np.zeros(len(d), dtype=np.int64)
+    if not scores:
+        return one, scores
+    best = max(scores, key=lambda k: (scores[k], -k))
+    if min_silhouette is not None and scores[best] < min_silhouette:
+        return one, scores
+    return relabel(found[best]), scores
+
+
+def divisive_silhouette(d: np.ndarray, labels_for_k: Callable[[np.ndarray, int], np.ndarray],
+                        k_max: int, min_silhouette: float | None = NO_STRUCTURE) -> np.ndarray:
+    """:func:`best_by_silhouette`, then again inside each cluster it finds, until none splits.
+
+    The silhouette of a nested structure (rotations by 0/180 and 90/270 degrees, say) peaks at
+    its top level; looking again inside each cluster finds the level below, and the
+    `min_silhouette` floor stops the descent where a cluster has no structure of its own.
+    `labels_for_k(sub_d, k)` clusters the points of the sub-matrix `sub_d` into k. Without a
+    floor (None) there is no stopping rule, so there is no descent either.
+    """
+    d = check_distance(d)
+    out = np.zeros(len(d), dtype=np.int64)
+    pending, count = [np.arange(len(d))], 0
+    while pending:
+        idx = pending.pop()
+        sub = d[np.ix_(idx, idx)]
+        found, _ = best_by_silhouette(sub, lambda k, sub=sub: labels_for_k(sub, k), k_max,
+                                      min_silhouette)
+        if found.max() == 0 or min_silhouette is None:
+            for c in range(int(found.max()) + 1):
+                out[idx[found == c]] = count
+                count += 1
+        else:
+            pending += [idx[found == c] for c in range(int(found.max()) + 1)][::-1]
+    return relabel(out)

@@ -47,15 +47,17 @@ def cut_height(event: Record) -> float:
     """Where the dendrogram is cut: beta, or between the merges an n_clusters cut keeps apart."""
     tree = np.asarray(event["tree"], dtype=np.float64)
     z = len(set(event["labels"]))
-    beta = float(event["beta"])
-    if len(tree) == 0 or ("n_clusters" in event and event["n_clusters"] is None):
-        return beta
+    beta = event.get("beta")
+    if len(tree) == 0:
+        return float(beta or 0.0)
+    if beta is not None and "n_clusters" in event and event["n_clusters"] is None:
+        return float(beta)
     heights = np.sort(tree[:, 2])
     done = len(heights) - (z - 1)        # merges performed
     below = heights[done - 1] if done > 0 else 0.0
     above = heights[done] if done < len(heights) else heights[-1] * 1.05 + 1e-9
-    if "n_clusters" not in event and below <= beta < above:   # an older record: a beta cut
-        return beta
+    if beta is not None and "n_clusters" not in event and below <= beta < above:
+        return float(beta)   # an older record: a beta cut
     return float((below + above) / 2)
 
 
@@ -212,7 +214,8 @@ def pacfl_section(folder: Path, summary: Record, metrics: Sequence[Record],
               f"{last['linkage']} linkage, measure {last['measure']}, "
               f"cut at {cut_height(last):.2f} degrees ("
               + (f"n_clusters {last['n_clusters']})" if last.get("n_clusters") is not None
-                 else f"beta {last['beta']})")]
+                 else f"beta {last['beta']})" if last.get("beta") is not None
+                 else "the best silhouette)")]
     gap = angle_gap(np.asarray(last["proximity"]), true[np.asarray(last["clients"])])
     if gap is not None:
         lines.append(f"- largest angle inside a true cluster {gap[0]:.2f} degrees, smallest "

@@ -1,0 +1,290 @@
+"""`clusterfed benchmark`: every clustered method, with its defaults, on a matrix of scenarios.
+
+Each cell is (dataset, scenario, seed, method); a method runs with no option but its name, so
+the table shows what a researcher gets on a federation nobody tuned the method for. The
+scenarios cover each kind of heterogeneity a clustered method may see:
+
+- concept shift (same inputs, other labels): label swap, label permutation;
+- feature shift (other inputs for the same labels): rotation, also with unequal cluster sizes;
+- label shift (other label sets): label groups;
+- Dirichlet label skew, whose clients form no true clusters (no claim: shown for accuracy);
+- an iid control, where every method must find exactly one cluster.
+
+A method states which shifts it can see (`sees` on its class); it is held to mean ARI >=
+`ARI_BAR` over the seeds only there, and to one cluster on every seed of the iid control.
+Results are appended to `results.jsonl` as each cell finishes, so a cut-off run resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from clusterfed import config as cfg
+from clusterfed.algorithms import ALGORITHMS
+from clusterfed.errors import ConfigError
+
+ARI_BAR = 0.95
+SHIFTS = ("concept", "feature", "label")
+CLUSTERED = ("cfl", "flhc", "pacfl", "ifca", "lcfl")
+REFERENCES = ("fedavg", "local")
+
+
+@dataclass(frozen=True)
+class BenchScenario:
+    name: str
+    shift: str                     # concept | feature | label | none (iid) | skew (no truth)
+    section: Mapping[str, Any]     # the config's scenario section, less the client count
+
+    @property
+    def claimable(self) -> bool:
+        return self.shift in SHIFTS
+
+
+SCENARIOS: dict[str, BenchScenario] = {s.name: s for s in (
+    BenchScenario("label_swap", "concept", {"kind": "label_swap", "clusters": 4}),
+    BenchScenario("label_permutation", "concept", {"kind": "label_permutation", "clusters": 4}),
+    BenchScenario("rotation", "feature", {"kind": "rotation", "clusters": 4}),
+    # Unequal sizes: 8, 6, 4 and 2 of 20 clients.
+    BenchScenario("rotation_unequal", "feature", {"kind": "rotation", "clusters": 4,
+                                                  "clients_per_cluster": [8, 6, 4, 2]}),
+    BenchScenario("label_groups", "label", {"kind": "label_groups", "clusters": 4}),
+    BenchScenario("dirichlet", "skew", {"kind": "dirichlet", "alpha": 0.3}),
+    BenchScenario("iid", "none", {"kind": "iid"}),
+)}
+
+
+@dataclass(frozen=True)
+class BenchDataset:
+    name: str
+    data: Mapping[str, Any]
+    model: str
+    samples_per_client: int | None    # None: all training data split over the clients
+    test_samples_per_client: int | None
+
+
+DATASETS: dict[str, BenchDataset] = {d.name: d for d in (
+    BenchDataset("digits", {"dataset": "digits"}, "mlp", None, None),
+    BenchDataset("mnist", {"dataset": "mnist"}, "mlp", 300, 100),
+    BenchDataset("fashion_mnist", {"dataset": "fashion_mnist"}, "mlp", 300, 100),
+)}
+
+# One training budget for every cell: enough rounds for CFL to split twice and for the
+# one-shot methods to cluster and then train their clusters.
+TRAIN: dict[str, Any] = {"rounds": 40, "participation": 1.0, "local_epochs": 3,
+                         "batch_size": 10, "lr": 0.05, "momentum": 0.5}
+CLIENTS = 20
+QUICK = {"datasets": ("digits",), "scenarios": ("label_swap", "rotation_unequal",
+                                                "label_groups", "iid"),
+         "methods": CLUSTERED, "seeds": (0, 1, 2)}
+FULL = {"datasets": tuple(DATASETS), "scenarios": tuple(SCENARIOS),
+        "methods": CLUSTERED + REFERENCES, "seeds": (0, 1, 2)}
+
+
+def sees(method: str) -> frozenset[str]:
+    """The shifts a registered method claims to see (empty for methods without clusters)."""
+    return frozenset(getattr(ALGORITHMS.get(method), "sees", frozenset()))
+
+
+def cell_config(dataset: str, scenario: str, seed: int, method: str,
+                overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The run config of one cell: the method with its defaults, nothing else set."""
+    ds, sc = DATASETS[dataset], SCENARIOS[scenario]
+    section = {**sc.section, "clients": CLIENTS}
+    if ds.samples_per_client is not None:
+        section["samples_per_client"] = ds.samples_per_client
+        section["test_samples_per_client"] = ds.test_samples_per_client
+    raw = {"seed": seed, "data": dict(ds.data), "scenario": section,
+           "model": {"name": ds.model}, "train": dict(TRAIN), "algorithm": {"name": method},
+           "eval": {"every": TRAIN["rounds"]},
+           "run": {"progress": False, "checkpoint_every": 0}}
+    return cfg.resolve(raw, overrides)
+
+
+def _key(dataset: str, scenario: str, seed: int, method: str) -> str:
+    return f"{dataset}/{scenario}/{seed}/{method}"
+
+
+def _check(names: Iterable[str], known: Iterable[str], what: str) -> list[str]:
+    names, known = list(names), list(known)
+    for n in names:
+        if n not in known:
+            raise ConfigError(f"unknown benchmark {what} {n!r}; valid: {', '.join(known)}")
+    return names
+
+
+def run_benchmark(out: str | Path, *, datasets: Sequence[str], scenarios: Sequence[str],
+                  methods: Sequence[str], seeds: Sequence[int], overrides: Sequence[str] = (),
+                  data_dir: str | None = None,
+                  progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Run every missing cell, appending each result to out/results.jsonl; return all rows.
+
+    The federation of (dataset, scenario, seed) is built once and shared by the methods.
+    """
+    from clusterfed.sim.simulation import build_federation_for, run_config
+
+    _check(datasets, DATASETS, "dataset")
+    _check(scenarios, SCENARIOS, "scenario")
+    for m in methods:
+        ALGORITHMS.get(m)
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "results.jsonl"
+    rows = load_results(path)
+    done = {_key(r["dataset"], r["scenario"], r["seed"], r["method"]) for r in rows}
+    extra = [f"data.root={data_dir}"] if data_dir else []
+    total = len(datasets) * len(scenarios) * len(seeds) * len(methods)
+    count = len(done & {_key(d, s, e, m) for d in datasets for s in scenarios for e in seeds
+                        for m in methods})
+    for dataset in datasets:
+        for scenario in scenarios:
+            for seed in seeds:
+                todo = [m for m in methods if _key(dataset, scenario, seed, m) not in done]
+                if not todo:
+                    continue
+                federation = build_federation_for(
+                    cell_config(dataset, scenario, seed, todo[0], [*overrides, *extra]), None)
+                for method in todo:
+                    config = cell_config(dataset, scenario, seed, method, [*overrides, *extra])
+                    start = time.perf_counter()
+                    summary = run_config(config, None, federation=federation)
+                    row = {"dataset": dataset, "scenario": scenario, "seed": seed,
+                           "method": method, "ari": summary["clustering"]["ari"],
+                           "clusters": summary["clustering"]["n_clusters"],
+                           "accuracy": summary["final"]["mean_accuracy"],
+                           "seconds": round(time.perf_counter() - start, 2)}
+                    with path.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+                    rows.append(row)
+                    count += 1
+                    if progress:
+                        progress(f"[{count}/{total}] {_key(dataset, scenario, seed, method)}: "
+                                 f"ARI {row['ari']:.3f}, {row['clusters']} clusters, "
+                                 f"accuracy {row['accuracy']:.4f}, {row['seconds']:.1f} s")
+    return rows
+
+
+def load_results(path: Path) -> list[dict[str, Any]]:
+    """The rows of a results.jsonl; a line cut off by a crash is dropped."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    a = np.asarray(values, dtype=np.float64)
+    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+
+
+def verdict(method: str, scenario: str, aris: Sequence[float], clusters: Sequence[int]) -> str:
+    """'pass' / 'FAIL' where the method makes a claim, '' where it makes none."""
+    sc = SCENARIOS[scenario]
+    if not sees(method):
+        return ""
+    if sc.shift == "none":
+        return "pass" if all(int(c) == 1 for c in clusters) else "FAIL"
+    if sc.shift in sees(method):
+        return "pass" if float(np.mean(aris)) >= ARI_BAR else "FAIL"
+    return ""
+
+
+def summarise(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per (dataset, scenario, method): mean and std over seeds, and the verdict."""
+    groups: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["dataset"], r["scenario"], r["method"]), []).append(r)
+    out = []
+    for (dataset, scenario, method), group in groups.items():
+        aris = [g["ari"] for g in group]
+        clusters = [g["clusters"] for g in group]
+        acc = [g["accuracy"] for g in group]
+        out.append({"dataset": dataset, "scenario": scenario, "method": method,
+                    "seeds": sorted(g["seed"] for g in group),
+                    "ari": _mean_std(aris), "clusters": _mean_std(clusters),
+                    "accuracy": _mean_std(acc),
+                    "verdict": verdict(method, scenario, aris, clusters)})
+    order = {n: i for i, n in enumerate([*DATASETS, *SCENARIOS])}
+    method_order = {n: i for i, n in enumerate([*CLUSTERED, *REFERENCES])}
+    out.sort(key=lambda e: (order.get(e["dataset"], 99), order.get(e["scenario"], 99),
+                            method_order.get(e["method"], 99), e["method"]))
+    return out
+
+
+def _pm(pair: Sequence[float], digits: int) -> str:
+    mean, std = pair
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def markdown(summary: Sequence[Mapping[str, Any]]) -> str:
+    """The table: a row per (dataset, scenario, method)."""
+    lines = ["| dataset | scenario | shift | method | ARI | clusters | accuracy | claim |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: | --- |"]
+    for e in summary:
+        shift = SCENARIOS[e["scenario"]].shift
+        lines.append(f"| {e['dataset']} | {e['scenario']} | {shift} | {e['method']} | "
+                     f"{_pm(e['ari'], 3)} | {_pm(e['clusters'], 1)} | "
+                     f"{_pm(e['accuracy'], 4)} | {e['verdict']} |")
+    return "\n".join(lines) + "\n"
+
+
+def failures(summary: Sequence[Mapping[str, Any]]) -> list[str]:
+    return [f"{e['dataset']}/{e['scenario']}/{e['method']}" for e in summary
+            if e["verdict"] == "FAIL"]
+
+
+def plot(summary: Sequence[Mapping[str, Any]], path: Path) -> None:
+    """ARI heat maps, methods x scenarios, one panel per dataset (blank: no run)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    datasets = list(dict.fromkeys(e["dataset"] for e in summary))
+    scenarios = list(dict.fromkeys(e["scenario"] for e in summary))
+    methods = list(dict.fromkeys(e["method"] for e in summary))
+    fig, axes = plt.subplots(1, len(datasets), figsize=(1.2 + 1.1 * len(scenarios) *
+                                                        len(datasets), 0.5 * len(methods) + 2),
+                             squeeze=False)
+    for ax, dataset in zip(axes[0], datasets, strict=True):
+        grid = np.full((len(methods), len(scenarios)), math.nan)
+        for e in summary:
+            if e["dataset"] == dataset:
+                grid[methods.index(e["method"]), scenarios.index(e["scenario"])] = e["ari"][0]
+        ax.imshow(grid, vmin=0, vmax=1, cmap="viridis")
+        for (i, j), v in np.ndenumerate(grid):
+            if not math.isnan(v):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center",
+                        color="white" if v < 0.6 else "black", fontsize=8)
+        ax.set_xticks(range(len(scenarios)), scenarios, rotation=45, ha="right")
+        ax.set_yticks(range(len(methods)), methods)
+        ax.set_title(f"{dataset}: mean ARI")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(folder: Path, rows: Sequence[Mapping[str, Any]],
+                  command: str = "") -> list[dict[str, Any]]:
+    """benchmark.md, benchmark.json and benchmark.png in the folder."""
+    summary = summarise(rows)
+    header = f"Command: `{command}`\n\n" if command else ""
+    (folder / "benchmark.md").write_text(header + markdown(summary))
+    (folder / "benchmark.json").write_text(json.dumps(
+        {"ari_bar": ARI_BAR, "train": TRAIN, "clients": CLIENTS, "summary": summary,
+         "rows": list(rows)}, indent=1) + "\n")
+    if summary:
+        plot(summary, folder / "benchmark.png")
+    return summary
