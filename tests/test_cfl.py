@@ -58,7 +58,7 @@ def result(client: int, update, leaf: int = 0, n: int = 10) -> ClientResult:
 
 def test_split_of_opposed_groups_by_hand():
     """Two groups with opposite updates: the cluster splits into exactly those groups."""
-    algo = build_algorithm({"name": "cfl", "eps1": 0.5, "eps2": 1.0})
+    algo = build_algorithm({"name": "cfl", "acceptance": "fixed", "eps1": 0.5, "eps2": 1.0})
     state = algo.init(Setup(4, np.zeros(2, np.float32), np.full(4, 10), 0))
     ctx = RoundContext(0, np.arange(4), SPEC)
     ups = [[2, 0.1], [-2, 0.1], [2, -0.1], [-2, -0.1]]   # clients 0, 2 vs 1, 3
@@ -74,7 +74,8 @@ def test_split_of_opposed_groups_by_hand():
     view = algo.clusters(new)
     assert view.assignment.tolist() == [0, 1, 0, 1]
     # Algorithm 3's recursion restarts both children from theta*_parent instead.
-    alg3 = build_algorithm({"name": "cfl", "eps1": 0.5, "eps2": 1.0, "mode": "alg3"})
+    alg3 = build_algorithm({"name": "cfl", "acceptance": "fixed", "eps1": 0.5, "eps2": 1.0,
+                            "mode": "alg3"})
     restarted = alg3.update(state, ctx, [result(c, u) for c, u in enumerate(ups)]).state
     np.testing.assert_array_equal(restarted.models, np.zeros((2, 2)))
 
@@ -84,17 +85,18 @@ def test_no_split_when_criteria_or_gamma_test_fail():
     ctx = RoundContext(0, np.arange(4), SPEC)
     setup = Setup(4, np.zeros(2, np.float32), np.full(4, 10), 0)
     # Max norm below eps2 (Eq. 33 fails): no attempt at all.
-    algo = build_algorithm({"name": "cfl", "eps1": 0.5, "eps2": 5.0})
+    algo = build_algorithm({"name": "cfl", "acceptance": "fixed", "eps1": 0.5, "eps2": 5.0})
     assert list(algo.update(algo.init(setup), ctx,
                             [result(c, u) for c, u in enumerate(ups)]).events) == []
     # Nearly parallel updates: alpha_cross_max ~ 0.98, sqrt((1 - a)/2) ~ 0.1 <= gamma_max 0.3.
     near = [[1, 0.0], [1, 0.2], [1, 0.01], [1, 0.21]]
-    algo = build_algorithm({"name": "cfl", "eps1": 5.0, "eps2": 0.5, "gamma_max": 0.3})
+    algo = build_algorithm({"name": "cfl", "acceptance": "fixed", "eps1": 5.0, "eps2": 0.5,
+                            "gamma_max": 0.3})
     (event,) = algo.update(algo.init(setup), ctx,
                            [result(c, u) for c, u in enumerate(near)]).events
     assert event["type"] == "split_rejected" and event["reason"] == "gamma_max test failed"
     # A member that did not report this round blocks the split (spec A9).
-    algo = build_algorithm({"name": "cfl", "eps1": 0.5, "eps2": 1.0})
+    algo = build_algorithm({"name": "cfl", "acceptance": "fixed", "eps1": 0.5, "eps2": 1.0})
     partial = algo.update(algo.init(setup), RoundContext(0, np.arange(3), SPEC),
                           [result(c, u) for c, u in enumerate(ups[:3])])
     assert list(partial.events) == [] and len(partial.state.leaves) == 1
@@ -150,7 +152,9 @@ def test_bad_options():
                              ({"mode": "alg4"}, "mode"),
                              ({"min_split_size": 1}, "min_split_size"),
                              ({"patience": 0}, "patience"),
-                             ({"rho": None}, "rho")]:
+                             ({"gamma_ratio": 0.0}, "gamma_ratio"),
+                             ({"acceptance": "loose"}, "acceptance"),
+                             ({"similarity_memory": 0}, "similarity_memory")]:
         with pytest.raises(ConfigError, match=message):
             build_algorithm({"name": "cfl", **options})
     algo = build_algorithm({"name": "cfl", "newcomers": [9]})
@@ -222,7 +226,8 @@ def test_congruent_clients_never_split_and_incongruent_ones_keep_large_updates(t
 
 
 def test_patience_needs_the_criteria_on_consecutive_rounds():
-    algo = build_algorithm({"name": "cfl", "eps1": 0.5, "eps2": 1.0, "patience": 2})
+    algo = build_algorithm({"name": "cfl", "acceptance": "fixed", "eps1": 0.5, "eps2": 1.0,
+                            "patience": 2})
     state = algo.init(Setup(4, np.zeros(2, np.float32), np.full(4, 10), 0))
     opposed = [[2, 0.1], [-2, 0.1], [2, -0.1], [-2, -0.1]]
     calm = [[0.1, 0], [0.1, 0], [0.1, 0], [0.1, 0]]           # max norm below eps2

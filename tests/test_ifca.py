@@ -40,7 +40,7 @@ def ctx(rnd: int, sampled, step: int = 0) -> RoundContext:
 
 
 def test_each_client_takes_the_argmin_of_its_losses_and_trains_that_model():
-    algo = IFCA(k=3, initialisation="perturbed")
+    algo = IFCA(k=3, restarts=1, initialisation="perturbed")
     state = algo.init(setup(5, sizes=[10, 99, 30, 60, 99]))
     tasks = algo.plan(state, ctx(0, [0, 2, 3]))
     assert [t.kind for t in tasks] == [TaskKind.LOSSES] * 3
@@ -78,7 +78,7 @@ RESULTS = [(0, 0, [1.0, 0.0], 10), (1, 0, [0.0, 3.0], 30), (2, 1, [2.0, -2.0], 5
     ("uniform", [0.5, 1.5]),
 ])
 def test_model_averaging_is_the_mean_of_the_returned_models_per_cluster(weighting, cluster0):
-    algo = IFCA(k=3, initialisation="perturbed", weighting=weighting)
+    algo = IFCA(k=3, restarts=1, initialisation="perturbed", weighting=weighting)
     state = with_models(algo.init(setup(3)), MODELS)
     results = [train_result(*r, kind=TaskKind.TRAIN) for r in RESULTS]
     upd = algo.update(state, ctx(0, [0, 1, 2], step=1), results)
@@ -95,8 +95,8 @@ def test_model_averaging_is_the_mean_of_the_returned_models_per_cluster(weightin
     ("cluster", [0.1 * 1.0 / 2, 0.1 * 3.0 / 2], [0.1 * 2.0, 0.1 * -2.0]),
 ])
 def test_gradient_averaging_steps_each_cluster_model(scale, step0, step1):
-    algo = IFCA(k=3, initialisation="perturbed", aggregate="gradients", gradient_scale=scale,
-                weighting="uniform")
+    algo = IFCA(k=3, restarts=1, initialisation="perturbed", aggregate="gradients",
+                gradient_scale=scale, weighting="uniform")
     state = with_models(algo.init(setup(3)), MODELS)
     chosen = algo.update(state, ctx(0, [0, 1, 2]), [
         losses_result(0, [0.1, 0.5, 0.9], 10), losses_result(1, [0.2, 0.5, 0.9], 30),
@@ -134,7 +134,7 @@ def test_restarts_keep_the_set_with_the_lowest_loss():
 
 
 def test_warmup_trains_k_random_groups_of_equal_size_before_any_choice():
-    algo = IFCA(k=3, initialisation="perturbed", warmup_rounds=2)
+    algo = IFCA(k=3, restarts=1, initialisation="perturbed", warmup_rounds=2)
     state = algo.init(setup(7))
     assert sorted(np.bincount(state.groups[0]).tolist()) == [2, 2, 3]
     tasks = algo.plan(state, ctx(1, [0, 4]))
@@ -177,7 +177,7 @@ def rotated_digits(initialisation: str, rounds: int = 6) -> dict:
                       train={"rounds": rounds, "participation": 1.0, "local_epochs": 2,
                              "batch_size": 20, "lr": 0.1},
                       eval={"every": rounds}, run={"checkpoint_every": 0, "progress": False})
-    return run_config(merge(cfg, {"algorithm": {"name": "ifca", "k": 2,
+    return run_config(merge(cfg, {"algorithm": {"name": "ifca", "k": 2, "restarts": 1,
                                                 "initialisation": initialisation}}))
 
 
@@ -231,3 +231,40 @@ def test_rotated_mnist_small_recovers_the_rotations_and_beats_fedavg(shared_data
     fedavg = run_config(cfg.resolve("ifca-rotmnist-small", [*common, "algorithm.name=fedavg"]))
     assert ifca["clustering"]["ari"] >= 0.95, ifca["clustering"]
     assert ifca["final"]["mean_accuracy"] > fedavg["final"]["mean_accuracy"]
+
+
+def test_k_from_the_data_clusters_the_updates_of_one_model_and_starts_each_cluster_there():
+    """k null: one model until select_round; then every client trains it and the server cuts
+    the updates (Ward, silhouette): two opposite groups give k = 2, each model the global
+    model plus its group's mean update, and each client's choice is its group."""
+    algo = IFCA(select_round=1)
+    assert algo.sets == 1 and IFCA(k=2).sets == 3
+    state = algo.init(setup(6))
+    assert state.models.shape == (1, 1, 2) and not state.selected
+    warm = algo.plan(state, ctx(0, [0, 3]))
+    assert [(t.kind, t.client) for t in warm] == [(TaskKind.TRAIN, 0), (TaskKind.TRAIN, 3)]
+    state = algo.update(state, ctx(0, [0, 3]), [train_result(c, 0, [0.0, 0.0], 10)
+                                                for c in (0, 3)]).state
+    everyone = algo.plan(state, ctx(1, [2]))
+    assert sorted(t.client for t in everyone) == list(range(6))     # all, not the sample
+    ups = [[1.0, 0.02], [1.0, -0.02], [1.02, 0.0], [-1.0, 0.01], [-1.0, -0.01], [-0.98, 0.0]]
+    upd = algo.update(state, ctx(1, [2]), [train_result(c, 0, u, 10) for c, u in enumerate(ups)])
+    new = upd.state
+    assert new.selected and new.models.shape == (1, 2, 2)
+    np.testing.assert_array_equal(new.choice[0], [0, 0, 0, 1, 1, 1])
+    np.testing.assert_allclose(new.models[0], [[1.0067, 0.0], [-0.9933, 0.0]], atol=1e-4)
+    assert [e["type"] for e in upd.events][0] == "ifca_k_selected"
+    assert algo.plan(new, ctx(2, [0, 4]))[0].kind is TaskKind.LOSSES   # IFCA from here on
+    # Updates that differ by noise alone: one cluster, FedAvg's model.
+    rng = np.random.default_rng(0)
+    noise = [[1.0 + 0.05 * rng.standard_normal(), 0.05 * rng.standard_normal()]
+             for _ in range(6)]
+    alone = algo.update(state, ctx(1, [2]), [train_result(c, 0, u, 10)
+                                             for c, u in enumerate(noise)]).state
+    assert alone.models.shape == (1, 1, 2) and (alone.choice[0] == 0).all()
+
+
+def test_k_from_the_data_takes_no_restarts_or_random_groups():
+    for options in ({"restarts": 2}, {"warmup_rounds": 2}, {"select_round": -1}):
+        with pytest.raises(ConfigError):
+            build_algorithm({"name": "ifca", **options})

@@ -256,6 +256,9 @@ class CFL:
         events = []
         if held and ready and streak >= self.patience and bipartition is not None:
             split, event = self._try_split(tested, bipartition, clients)
+            if tested is not diagnostics["similarity"]:   # the event shows this round's too
+                event["averaged_similarity"] = event["similarity"]
+                event["similarity"] = np.round(diagnostics["similarity"], 5).tolist()
             event.update({"type": "split" if split else "split_rejected", "node": leaf,
                           "mean_norm": mean_norm, "max_norm": max_norm})
             events.append(event)
@@ -324,7 +327,8 @@ class CFL:
             separated = cfl_math.split_is_admissible(alpha, self.gamma_max)
         if separated and not small:
             return (part_a, part_b), event
-        event["reason"] = "child too small" if small else f"{self.acceptance} gamma test failed"
+        event["reason"] = ("child too small" if small else "gamma_max test failed"
+                           if self.acceptance == "fixed" else "estimated gamma test failed")
         return None, event
 
     # views -----------------------------------------------------------------------------------
@@ -407,6 +411,7 @@ def route_one_level(state: CFLState, client: int, node: int, update: np.ndarray
 
 def join_leaf(state: CFLState, client: int, leaf: int) -> CFLState:
     """A routed client joins `leaf` and the member lists of all its ancestors."""
+    state = _forget_similarity(state, [leaf])
     nodes = list(state.nodes)
     v = leaf
     while v >= 0:
@@ -424,12 +429,21 @@ def remove_clients(state: CFLState, clients: Sequence[int]) -> CFLState:
 
     Cached edge updates stay: they remain valid evidence for routing newcomers.
     """
+    state = _forget_similarity(state, state.leaves.tolist())
     nodes = list(state.nodes)
     for leaf in state.leaves.tolist():
         nodes[leaf] = replace(nodes[leaf], members=np.setdiff1d(nodes[leaf].members, clients))
     joined = state.joined.copy()
     joined[list(clients)] = False
     return replace(state, nodes=tuple(nodes), joined=joined)
+
+
+def _forget_similarity(state: CFLState, leaves: Sequence[int]) -> CFLState:
+    """Drop the averaged similarities of leaves whose members change (rows would not match)."""
+    return replace(state, similarities={v: s for v, s in state.similarities.items()
+                                        if v not in leaves},
+                   similarity_rounds={v: s for v, s in state.similarity_rounds.items()
+                                      if v not in leaves})
 
 
 def path_models(state: CFLState, client: int) -> list[np.ndarray]:

@@ -87,8 +87,8 @@ class FLHC:
     rounds_before_clustering: int = 10   # n: FedAvg rounds before the clustering round
     metric: str = "l2"                   # l1 | l2 | cosine
     linkage: str = "ward"                # single | complete | average | ward (l2 only)
-    # The cut. Default: the best silhouette, again inside each cluster, one cluster below a
-    # silhouette of 0.25, because the paper's tau is on the updates' scale (A12), which the
+    # The cut. Default: the most clusters whose every one has a mean silhouette of at least
+    # 0.25 (else one), because the paper's tau is on the updates' scale (A12), which the
     # model, the learning rate and the data set. "absolute" with the paper's tau (block A:
     # 3.0 MNIST, 10.0 FEMNIST) is what the paper presets use. None: the mode's default.
     threshold: float | None = None

@@ -30,6 +30,16 @@ clients are split into k random groups of equal size (one split per set), and fo
 rounds each sampled client trains its group's model with no choice; IFCA's choices start at
 round W, from k models that all learnt something.
 
+k from the data (`k: null`, the default; an extension, the paper fixes k): the federation
+first trains one model for `select_round` rounds (FedAvg, as the warm-up above with one group);
+then every client trains it once and the server clusters those updates as FL+HC does (Ward
+linkage on L2 distances, cut into the most clusters of which every one has a mean silhouette of
+at least `min_silhouette`, else one: `precomputed.substantial_clusters`). Each cluster found
+starts its model from the global model plus its members' mean update, and IFCA goes on from
+those k models, every client choosing its model by loss each round as above. This start is
+the authors' trained initialisation with groups found in the data instead of drawn at random,
+which also spares IFCA the random starts that, with k given, make restarts necessary.
+
 `clusters()` serves each client the model of its latest choice. A client never sampled yet has
 no choice: it is served the cluster most clients chose so far (the one trained on most data).
 """
@@ -52,6 +62,8 @@ from clusterfed.algorithms.base import (
     check_choices,
 )
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
+from clusterfed.clustering import hierarchical as hc
+from clusterfed.clustering.precomputed import NO_STRUCTURE
 from clusterfed.state import serialisable
 
 NEVER = -1
@@ -67,6 +79,7 @@ class IFCAState:
     chosen_round: np.ndarray  # (n,): the round of each client's latest choice, -1 never
     objective: np.ndarray     # (R,): each set's loss over the latest round's clients
     groups: np.ndarray        # (R, n): the random groups of the warm-up rounds
+    selected: bool = True     # k from the data: whether it has been chosen yet
 
 
 # The mathematics, as pure functions --------------------------------------------------------
@@ -160,14 +173,17 @@ def random_groups(num_clients: int, k: int, rng: np.random.Generator) -> np.ndar
 @ALGORITHMS.register("ifca")
 @dataclass(frozen=True)
 class IFCA:
-    k: int = 2                          # number of cluster models
+    k: int | None = None                # number of cluster models; None: from the data
+    select_round: int = 10              # k None: one model until this round (0-based) ...
+    min_silhouette: float = NO_STRUCTURE  # ... then its clusters, one below this
     aggregate: str = "models"           # option II; "gradients": option I
     gradient_scale: str = "participants"  # option I: gamma / m over participants, or "cluster"
     weighting: str = "samples"          # w_i: local sample counts, or "uniform" (the paper's)
     # "random" | "perturbed" | "identical" (the bug); not `init`, which is the method
     initialisation: str = "random"
     init_noise: float = 0.01            # perturbed: std as a fraction of the model's RMS
-    restarts: int = 1                   # R sets of k models tried side by side
+    restarts: int | None = None         # R sets of k models tried side by side; None: 3
+                                        # with k given, 1 with k from the data
     restart_rounds: int = 3             # ... for this many rounds (after any warm-up), then
                                         # the set with the lowest loss is kept
     warmup_rounds: int = 0              # rounds of training k random groups (authors' FEMNIST)
@@ -184,30 +200,53 @@ class IFCA:
     def __post_init__(self) -> None:
         check_choices(self, self._kinds)
         aggregation_weights(np.ones(1), self.weighting)
-        if not isinstance(self.k, int) or self.k < 1:
-            raise ValueError(f"k must be a positive integer, got {self.k!r}")
-        if not isinstance(self.restarts, int) or self.restarts < 1:
+        if self.k is not None and (not isinstance(self.k, int) or self.k < 1):
+            raise ValueError(f"k must be a positive integer or null, got {self.k!r}")
+        if self.restarts is not None and (not isinstance(self.restarts, int)
+                                          or self.restarts < 1):
             raise ValueError(f"restarts must be a positive integer, got {self.restarts!r}")
-        if self.restarts > 1 and self.restart_rounds < 1:
+        if self.sets > 1 and self.restart_rounds < 1:
             raise ValueError("restart_rounds must be at least 1 when restarts > 1")
+        if self.k is None and (self.sets > 1 or self.warmup_rounds):
+            raise ValueError("with k chosen from the data (k: null), IFCA starts from the "
+                             "clusters it finds: give k for restarts or warmup_rounds")
+        if self.k is None and (not isinstance(self.select_round, int) or self.select_round < 0):
+            raise ValueError(f"select_round must be an integer >= 0, got {self.select_round!r}")
         if not isinstance(self.warmup_rounds, int) or self.warmup_rounds < 0:
             raise ValueError(f"warmup_rounds must be an integer >= 0, got {self.warmup_rounds!r}")
         if not self.init_noise >= 0:
             raise ValueError(f"init_noise must be >= 0, got {self.init_noise!r}")
 
+    @property
+    def sets(self) -> int:
+        """R: candidate sets (restarts); by default 3 for a given k, 1 for k from the data."""
+        if self.restarts is not None:
+            return self.restarts
+        return 3 if self.k is not None else 1
+
+    @property
+    def _warm_rounds(self) -> int:
+        """Rounds in which clients train their group's model without choosing."""
+        return self.warmup_rounds if self.k is not None else self.select_round
+
     def init(self, setup: Setup) -> IFCAState:
-        r, n = self.restarts, setup.num_clients
-        models = initial_models(setup, r * self.k, self.initialisation, self.init_noise)
-        groups = np.stack([random_groups(n, self.k, np.random.default_rng(
+        r, n, k = self.sets, setup.num_clients, self.k or 1
+        # k from the data starts from the one initial model; its clusters start from updates.
+        models = (setup.initial_params[None].astype(np.float32) if self.k is None else
+                  initial_models(setup, r * k, self.initialisation, self.init_noise))
+        groups = np.stack([random_groups(n, k, np.random.default_rng(
             [setup.seed, i, _GROUP_TAG])) for i in range(r)])
-        return IFCAState(models=models.reshape(r, self.k, -1),
+        return IFCAState(models=models.reshape(r, k, -1),
                          choice=np.full((r, n), NEVER, dtype=np.int64),
                          chosen_round=np.full(n, NEVER, dtype=np.int64),
-                         objective=np.full(r, np.nan), groups=groups)
+                         objective=np.full(r, np.nan), groups=groups,
+                         selected=self.k is not None)
 
     def plan(self, state: IFCAState, ctx: RoundContext) -> list[ClientTask]:
-        if ctx.step == 0 and ctx.round < self.warmup_rounds:
+        if ctx.step == 0 and ctx.round < self._warm_rounds:
             return self._training(state, ctx, ctx.sampled, state.groups)
+        if ctx.step == 0 and not state.selected:   # every client trains the one model
+            return self._training(state, ctx, np.arange(state.choice.shape[1]), state.groups)
         if ctx.step == 0:   # line 3: broadcast every model (of every candidate set)
             every = state.models.reshape(-1, state.models.shape[-1])
             return [ClientTask(int(c), TaskKind.LOSSES, every) for c in ctx.sampled]
@@ -230,7 +269,9 @@ class IFCA:
 
     def update(self, state: IFCAState, ctx: RoundContext, results: Sequence[ClientResult]
                ) -> Update:
-        if ctx.step == 0 and ctx.round < self.warmup_rounds:
+        if ctx.step == 0 and not state.selected and ctx.round >= self._warm_rounds:
+            return self._select(state, ctx, results)
+        if ctx.step == 0 and ctx.round < self._warm_rounds:
             # Warm-up: a client's cluster is its group; it trains that model at once.
             clients = np.array(sorted({x.client for x in results}), dtype=np.int64)
             choice = state.choice.copy()
@@ -244,7 +285,8 @@ class IFCA:
                                      "clusters": state.groups[0, clients].tolist()}
             if len(state.models) > 1:
                 event["candidate_clusters"] = state.groups[:, clients].tolist()
-            sizes = np.bincount(state.groups[0, clients], minlength=self.k).tolist()
+            sizes = np.bincount(state.groups[0, clients],
+                                minlength=state.models.shape[1]).tolist()
             return replace(update, events=[event],
                            metrics={"ifca": {"cluster_sizes": sizes, "warmup": True}})
         if ctx.step == 0:
@@ -269,7 +311,7 @@ class IFCA:
         chosen_round[clients] = ctx.round
         state = replace(state, choice=choice, chosen_round=chosen_round, objective=objective)
         events: list[dict[str, Any]] = []
-        if sets > 1 and ctx.round >= self.warmup_rounds + self.restart_rounds:
+        if sets > 1 and ctx.round >= self._warm_rounds + self.restart_rounds:
             best = int(np.argmin(objective))
             events.append({"type": "ifca_restart_selected", "set": best,
                            "objective": [round(float(v), 6) for v in objective]})
@@ -291,6 +333,37 @@ class IFCA:
             **({"candidate_objective": [float(v) for v in state.objective]}
                if len(state.models) > 1 else {})}}
         return Update(state, metrics, events, round_done=False)
+
+    def _select(self, state: IFCAState, ctx: RoundContext, results: Sequence[ClientResult]
+                ) -> Update:
+        """k from the data: cluster every client's update of the one model (FL+HC's rule);
+        each cluster's model starts at the global model plus its members' mean update."""
+        results = sorted(results, key=lambda x: x.client)
+        if not results:
+            return Update(state)
+        clients = np.array([x.client for x in results], dtype=np.int64)
+        updates = np.stack([x.update for x in results])
+        tree = hc.hierarchical_clusters(updates, "l2", "ward", self.min_silhouette,
+                                        "silhouette")
+        labels = tree.labels
+        weights = aggregation_weights(np.array([x.num_samples for x in results]), self.weighting)
+        base = state.models[0, 0]
+        models = np.stack([base + (weights[labels == j, None] * updates[labels == j]).sum(0)
+                           / weights[labels == j].sum() for j in range(tree.num_clusters)])
+        n = state.choice.shape[1]
+        choice = np.full((1, n), NEVER, dtype=np.int64)
+        choice[0, clients] = labels
+        chosen_round = state.chosen_round.copy()
+        chosen_round[clients] = ctx.round
+        state = replace(state, models=models[None].astype(np.float32), choice=choice,
+                        chosen_round=chosen_round, groups=np.zeros((1, n), dtype=np.int64),
+                        selected=True)
+        event = {"type": "ifca_k_selected", "k": tree.num_clusters, "clients": clients.tolist(),
+                 "labels": labels.tolist(), "tree": np.round(tree.linkage, 8).tolist()}
+        sizes = np.bincount(labels, minlength=tree.num_clusters).tolist()
+        return Update(state, {"ifca": {"cluster_sizes": sizes, "k_selected": tree.num_clusters}},
+                      [event, {"type": "ifca_choices", "clients": clients.tolist(),
+                               "clusters": labels.tolist()}])
 
     def _aggregate(self, state: IFCAState, ctx: RoundContext, results: Sequence[ClientResult]
                    ) -> Update:

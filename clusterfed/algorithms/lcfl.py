@@ -87,7 +87,7 @@ class LCFL:
     min_silhouette: float | None = pc.NO_STRUCTURE  # below it, one cluster (A26, extension)
     min_distance: float | None = None    # if max d is below it, keep one cluster (A26)
     warmup: str = "federated"         # or "local" (Algorithm 1)
-    warmup_rounds: int = 5            # federated: FedAvg rounds, the last with every client
+    warmup_rounds: int = 10           # federated: FedAvg rounds, the last with every client
     warmup_epochs: int | None = 10    # local: T as local epochs (A2) ...
     warmup_steps: int | None = None   # ... or as SGD steps (set warmup_epochs: null)
     warmup_full_batch: bool = False   # local: full-gradient steps, as Alg. 1 prints (A3)
@@ -255,9 +255,9 @@ class LCFL:
         elif self.k is not None or (self.clustering == "hierarchical"
                                     and self.threshold is not None):
             labels = self._with_k(d, self.k)
-        else:                                   # automatic k: the best silhouette on d
-            labels, scores = pc.best_by_silhouette(d, lambda k: self._with_k(d, k), self.k_max,
-                                                   self.min_silhouette)
+        else:   # automatic k (an extension, A26): from d's silhouettes
+            labels, scores = pc.choose_clusters(d, lambda k: self._with_k(d, k), self.k_max,
+                                                self.min_silhouette)
             info["silhouettes"] = {str(k): round(s, 6) for k, s in scores.items()}
         if self.min_distance is not None and float(d.max(initial=0.0)) < self.min_distance:
             labels = np.zeros(len(d), dtype=np.int64)   # nobody is distinguishable (A26)

@@ -41,7 +41,7 @@ from clusterfed.algorithms.base import (
 )
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
 from clusterfed.clustering import principal_angles as pa
-from clusterfed.clustering.precomputed import NO_STRUCTURE, divisive_silhouette
+from clusterfed.clustering.precomputed import NO_STRUCTURE, choose_clusters
 from clusterfed.state import serialisable
 
 UNASSIGNED = -1
@@ -64,9 +64,9 @@ class PACFLState:
 @dataclass(frozen=True)
 class PACFL:
     # The cut: at beta degrees (the paper's rule; the code's default 3.5), into n_clusters, or
-    # (neither given, the default) at the number of clusters with the best silhouette on A up
-    # to k_max, again inside each cluster found, one cluster below min_silhouette (beta
-    # depends on the data's dimension, p and the measure; the silhouette compares within- and
+    # (neither given, the default) into the most clusters, up to k_max, whose every cluster
+    # has a mean silhouette on A of at least min_silhouette, else one (beta depends on the
+    # data's dimension, p and the measure; the silhouette compares within- and
     # between-cluster angles and does not).
     beta: float | None = None            # HC threshold in degrees
     linkage: str = "weighted"            # or average / complete / single
@@ -195,10 +195,8 @@ class PACFL:
         n = len(proximity)
         if self.beta is not None or self.n_clusters is not None:
             return tree, pa.cut_tree(tree, n, self.beta, self.n_clusters)
-        def cut(sub: np.ndarray, k: int) -> np.ndarray:
-            return pa.cut_tree(pa.linkage_tree(sub, self.linkage), len(sub), n_clusters=k)
-
-        labels = divisive_silhouette(proximity, cut, self.k_max, self.min_silhouette)
+        labels, _ = choose_clusters(proximity, lambda k: pa.cut_tree(tree, n, n_clusters=k),
+                                    self.k_max, self.min_silhouette)
         return tree, pa.canonical_labels(labels)
 
     def _clustering_event(self, kind: str, ids: np.ndarray, proximity: np.ndarray,

@@ -18,15 +18,15 @@ import numpy as np
 from scipy.cluster import hierarchy
 from scipy.spatial.distance import pdist, squareform
 
-from clusterfed.clustering.precomputed import NO_STRUCTURE, divisive_silhouette
+from clusterfed.clustering.precomputed import NO_STRUCTURE, choose_clusters
 
 METRICS = ("l1", "l2", "cosine")
 LINKAGES = ("single", "complete", "average", "ward")
 # How the threshold is read: an absolute merge height (the paper's tau); scale-free: a
 # fraction of the largest merge height, a multiple of the median merge height (most merges
 # join similar clients, so the median is the within-group scale), a number of clusters, or
-# the least mean silhouette a cut must reach (the tree is cut at the best silhouette, then
-# again inside each cluster, see `precomputed.divisive_silhouette`).
+# the least silhouette every cluster of a cut must reach (the tree is cut into the most such
+# clusters, see `precomputed.substantial_clusters`).
 THRESHOLD_MODES = ("absolute", "relative", "median", "clusters", "silhouette")
 # The threshold each mode reads when none is given; the others need one.
 DEFAULT_THRESHOLDS = {"absolute": 3.0, "silhouette": NO_STRUCTURE}
@@ -173,11 +173,10 @@ def cluster_condensed(condensed: np.ndarray, linkage: str, threshold: float,
     tree = hierarchy.linkage(condensed, method=linkage)
     cut = absolute_threshold(tree[:, 2], mode, threshold)
     if mode == "silhouette":
-        def cut_k(sub: np.ndarray, k: int) -> np.ndarray:
-            return hierarchy.fcluster(hierarchy.linkage(to_condensed(sub), method=linkage),
-                                      t=k, criterion="maxclust")
-
-        raw = divisive_silhouette(squareform(condensed), cut_k, SILHOUETTE_K_MAX, threshold)
+        raw, _ = choose_clusters(
+            squareform(condensed),
+            lambda k: hierarchy.fcluster(tree, t=k, criterion="maxclust"), SILHOUETTE_K_MAX,
+            threshold)
     elif mode == "clusters":
         raw = hierarchy.fcluster(tree, t=int(threshold), criterion="maxclust")
     else:

@@ -241,28 +241,58 @@ def best_by_silhouette(d: np.ndarray, labels_for_k: Callable[[int], np.ndarray],
     return relabel(found[best]), scores
 
 
-def divisive_silhouette(d: np.ndarray, labels_for_k: Callable[[np.ndarray, int], np.ndarray],
-                        k_max: int, min_silhouette: float | None = NO_STRUCTURE) -> np.ndarray:
-    """:func:`best_by_silhouette`, then again inside each cluster it finds, until none splits.
+def substantial_clusters(d: np.ndarray, labels_for_k: Callable[[int], np.ndarray], k_max: int,
+                         min_silhouette: float = NO_STRUCTURE, min_size: int = 2,
+                         min_separation: float = 0.1) -> tuple[np.ndarray, dict[int, float]]:
+    """The most clusters (k <= k_max) of which every one is substantial, and each k's score.
 
-    The silhouette of a nested structure (rotations by 0/180 and 90/270 degrees, say) peaks at
-    its top level; looking again inside each cluster finds the level below, and the
-    `min_silhouette` floor stops the descent where a cluster has no structure of its own.
-    `labels_for_k(sub_d, k)` clusters the points of the sub-matrix `sub_d` into k. Without a
-    floor (None) there is no stopping rule, so there is no descent either.
+    A clustering's score is its weakest cluster's mean silhouette (Kaufman and Rousseeuw's
+    per-cluster silhouette width). The largest k whose score reaches `min_silhouette` wins;
+    none does: one cluster. Unlike the best mean silhouette, this sees nested structure (four
+    rotations in two pairs score best at k = 2 on the mean, yet all four clusters stand apart),
+    and it does not cut a homogeneous group in two, since the halves of a group with no
+    structure lie close to each other.
+
+    The silhouette is relative: a group far from all others that holds two tight subgroups
+    scores well cut in two. So a clustering also needs every cluster's separation (the mean
+    distance of its points to the nearest other cluster) to be at least `min_separation` of
+    the federation's scale, the weakest separation of its most clearly separated candidate
+    clustering: structure at a tenth of that scale is detail, not a cluster. Clusterings with
+    a cluster of fewer than `min_size` points are no candidates (a lone point's silhouette is
+    0 by definition).
     """
+    from sklearn.metrics import silhouette_samples
+
     d = check_distance(d)
-    out = np.zeros(len(d), dtype=np.int64)
-    pending, count = [np.arange(len(d))], 0
-    while pending:
-        idx = pending.pop()
-        sub = d[np.ix_(idx, idx)]
-        found, _ = best_by_silhouette(sub, lambda k, sub=sub: labels_for_k(sub, k), k_max,
-                                      min_silhouette)
-        if found.max() == 0 or min_silhouette is None:
-            for c in range(int(found.max()) + 1):
-                out[idx[found == c]] = count
-                count += 1
-        else:
-            pending += [idx[found == c] for c in range(int(found.max()) + 1)][::-1]
-    return relabel(out)
+    scores: dict[int, float] = {}
+    candidates: dict[int, tuple[np.ndarray, float]] = {}
+    for k in range(2, min(k_max, len(d) - 1) + 1):
+        labels = relabel(labels_for_k(k))
+        counts = np.bincount(labels)
+        if len(counts) < 2 or counts.min() < min_size:
+            continue
+        widths = silhouette_samples(d, labels, metric="precomputed")
+        scores[k] = float(min(widths[labels == c].mean() for c in range(len(counts))))
+        # Mean distance of each point to each cluster; then to its nearest other cluster.
+        to_cluster = np.stack([d[:, labels == c].mean(axis=1) for c in range(len(counts))], 1)
+        to_cluster[np.arange(len(d)), labels] = np.inf
+        nearest = to_cluster.min(axis=1)
+        separation = np.array([nearest[labels == c].mean() for c in range(len(counts))])
+        candidates[k] = (labels, float(separation.min()))
+    # The federation's scale: the separation of its most clearly separated clustering.
+    scale = max((weakest for _, weakest in candidates.values()), default=0.0)
+    best = np.zeros(len(d), dtype=np.int64)
+    for k, (labels, weakest) in sorted(candidates.items()):
+        if scores[k] >= min_silhouette and weakest >= min_separation * scale:
+            best = labels
+    return best, scores
+
+
+def choose_clusters(d: np.ndarray, labels_for_k: Callable[[int], np.ndarray], k_max: int,
+                    min_silhouette: float | None = NO_STRUCTURE
+                    ) -> tuple[np.ndarray, dict[int, float]]:
+    """The number of clusters from d alone: :func:`substantial_clusters` with a floor, or the
+    best mean silhouette (:func:`best_by_silhouette`, never one cluster) without one."""
+    if min_silhouette is None:
+        return best_by_silhouette(d, labels_for_k, k_max, None)
+    return substantial_clusters(d, labels_for_k, k_max, min_silhouette)
