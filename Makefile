@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install -q -c constraints.txt
 PRESET ?= quickstart
 
-.PHONY: run test test-flower bench reproduce reproduce-tests lint clean
+.PHONY: run test test-flower bench bench-quick benchmark reproduce reproduce-tests lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,14 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/vectorised.py
 	$(BIN)/python benchmarks/scale.py
 	$(BIN)/python benchmarks/lcfl_matrix.py --rows 1
+
+# Every clustered method at its defaults, methods x scenarios x seeds (docs/benchmark.md).
+# The quick matrix (digits, minutes) exits 1 if a method misses a claim; CI runs it.
+bench-quick: $(VENV)/.installed
+	$(BIN)/clusterfed benchmark --quick --check --out runs/benchmark-quick
+
+benchmark: $(VENV)/.installed
+	$(BIN)/clusterfed benchmark --out runs/benchmark
 
 reproduce: $(VENV)/.installed
 	$(BIN)/clusterfed run $(PRESET) --out runs/reproduce-$(PRESET)

@@ -44,21 +44,31 @@ def test_split_is_separated_compares_gamma_hat_with_a_share_of_the_bound():
 
 
 def test_cfl_splits_only_a_similarity_that_stays_separated():
-    """Acceptance "estimated": a bipartition is kept only once the similarity averaged over
-    `similarity_memory` rounds passes; one clean round among noisy ones is not enough."""
+    """Acceptance "estimated": a bipartition is tested on the similarity averaged over
+    `similarity_memory` rounds, and only once that many rounds are in: a cluster that shows
+    groups every round splits in the third round, not before; updates in random directions
+    never split it."""
     algo = build_algorithm({"name": "cfl", "rho": None, "similarity_memory": 3})
-    state = algo.init(Setup(4, np.zeros(3, np.float32), np.full(4, 10), 0))
     spec = TrainSpec(lr=0.1, batch_size=10)
-    grouped = [[1, 0.1, 0], [1, -0.1, 0], [-1, 0, 0.1], [-1, 0, -0.1]]   # {0, 1} vs {2, 3}
-    events = []
-    for rnd in range(3):
-        ctx = RoundContext(rnd, np.arange(4), spec)
-        results = [ClientResult(c, TaskKind.TRAIN, 10, update=np.asarray(u, np.float32),
-                                loss=1.0, meta={"leaf": 0}) for c, u in enumerate(grouped)]
-        upd = algo.update(state, ctx, results)
-        state, events = upd.state, events + list(upd.events)
-    assert [e["type"] for e in events] == ["split"], events     # first after 3 rounds
-    assert events[0]["parts"] == [[0, 1], [2, 3]]
+    grouped = np.zeros((4, 50))
+    grouped[:, :3] = [[1, 0.1, 0], [1, -0.1, 0], [-1, 0, 0.1], [-1, 0, -0.1]]  # {0, 1}, {2, 3}
+    rng = np.random.default_rng(0)
+    noise = [rng.standard_normal((4, 50)) for _ in range(6)]
+
+    def rounds(updates_per_round):
+        state = algo.init(Setup(4, np.zeros(50, np.float32), np.full(4, 10), 0))
+        out = []
+        for rnd, ups in enumerate(updates_per_round):
+            results = [ClientResult(c, TaskKind.TRAIN, 10, update=np.asarray(u, np.float32),
+                                    loss=1.0, meta={"leaf": 0}) for c, u in enumerate(ups)]
+            upd = algo.update(state, RoundContext(rnd, np.arange(4), spec), results)
+            state = upd.state
+            out.append([e["type"] for e in upd.events])
+        return out
+
+    split = rounds([grouped] * 3)
+    assert split == [[], [], ["split"]], split
+    assert all("split" not in events for events in rounds(noise))
 
 
 def test_gradient_mode_splits_by_the_gradients_not_the_updates():
@@ -159,7 +169,8 @@ def test_cfl_default_stops_on_an_iid_federation_where_the_fixed_gamma_splits():
 def test_default_cut_finds_label_groups_where_the_papers_fixed_threshold_does_not(name):
     groups = {"kind": "label_groups", "clusters": 4}
     assert _run(name, groups, rounds=12)["ari"] == 1.0
-    fixed = {"flhc": {"threshold_mode": "absolute", "threshold": 3.0},
+    fixed = {"flhc": {"threshold_mode": "absolute", "threshold": 3.0, "metric": "l2",
+                      "linkage": "ward"},
              "pacfl": {"beta": 3.5}}[name]
     assert _run(name, groups, rounds=12, **fixed)["ari"] < 0.9
 

@@ -16,6 +16,18 @@ linkage as in the authors' code (A7); splits only when every member of the clust
 this round (A9). After a split each child applies its own members' mean update (A6). Algorithm
 3 (train each cluster to its own stationary point, then test) is `mode="alg3"`: the same
 engine, with each child restarting from theta*_parent as the recursion does (A5).
+
+Defaults that find the clusters (an extension): the paper assumes a noise bound gamma_max and
+thresholds eps1/eps2 read off a plot. By default the trigger is the scale-free norm rule (A2)
+and a bipartition is kept only if the gamma estimated from the similarities themselves
+(`cfl_math.estimated_gamma`, Eq. 38 read backwards) is below `gamma_ratio` of Eq. 39's bound,
+on the similarity averaged over `similarity_memory` rounds: noise in one round's updates does
+not persist, a cluster structure does. `acceptance="fixed"` is the paper's test (the paper
+presets use it).
+
+What it can see: anything that turns the clients' updates apart at the joint model's
+stationary point: concept shift (label swaps, permutations), feature shift (rotations) and
+label shift (label groups) where one model cannot fit them all together.
 """
 
 from __future__ import annotations
@@ -105,7 +117,7 @@ class CFL:
     leavers: Sequence[int] = ()         # clients that leave for good at leave_round
     leave_round: int = 0
     sees: ClassVar[frozenset[str]] = frozenset({'concept', 'feature', 'label'})
-    toy_mixture_options: ClassVar[dict[str, Any]] = {"rounds": 30, "min_child_size": 2}
+    toy_mixture_options: ClassVar[dict[str, Any]] = {"rounds": 30}
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
         "bipartition": ("optimal", "complete"), "mode": ("alg5", "alg3"),
         "acceptance": ("estimated", "fixed"),

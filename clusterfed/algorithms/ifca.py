@@ -32,13 +32,17 @@ round W, from k models that all learnt something.
 
 k from the data (`k: null`, the default; an extension, the paper fixes k): the federation
 first trains one model for `select_round` rounds (FedAvg, as the warm-up above with one group);
-then every client trains it once and the server clusters those updates as FL+HC does (Ward
-linkage on L2 distances, cut into the most clusters of which every one has a mean silhouette of
+then every client trains it once and the server clusters those updates as FL+HC's default
+does (average linkage on cosine distances, cut into the most clusters of which every one has a mean silhouette of
 at least `min_silhouette`, else one: `precomputed.substantial_clusters`). Each cluster found
 starts its model from the global model plus its members' mean update, and IFCA goes on from
 those k models, every client choosing its model by loss each round as above. This start is
 the authors' trained initialisation with groups found in the data instead of drawn at random,
 which also spares IFCA the random starts that, with k given, make restarts necessary.
+
+What it can see: any shift that makes one model's training loss differ between clients:
+concept, feature and label shift (with k from the data; with k given and random starts it
+often merges label-swap clusters, see above).
 
 `clusters()` serves each client the model of its latest choice. A client never sampled yet has
 no choice: it is served the cluster most clients chose so far (the one trained on most data).
@@ -187,12 +191,12 @@ class IFCA:
     restart_rounds: int = 3             # ... for this many rounds (after any warm-up), then
                                         # the set with the lowest loss is kept
     warmup_rounds: int = 0              # rounds of training k random groups (authors' FEMNIST)
-    # No claim on the contract's toy mixture (digits, 4 label-swap clusters of 2 clients): there
-    # the k-means-like choice keeps merging true clusters, since a model that leaves the
-    # loss plateau first wins every client and a model nobody chose never trains again
-    # (measured: docs/reproductions/ifca.md). Rotations are recovered (tests/test_ifca.py).
+    # With k given and random starts, the k-means-like choice keeps merging the toy mixture's
+    # label-swap clusters (a model that leaves the loss plateau first wins every client; one
+    # nobody chose never trains again: docs/reproductions/ifca.md); with k from the data the
+    # models start from the clusters of one round of updates and keep them.
     sees: ClassVar[frozenset[str]] = frozenset({'concept', 'feature', 'label'})
-    toy_mixture_options: ClassVar[dict[str, Any] | None] = None
+    toy_mixture_options: ClassVar[dict[str, Any] | None] = {"rounds": 14}
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
         "aggregate": ("models", "gradients"), "gradient_scale": ("participants", "cluster"),
         "initialisation": ("random", "perturbed", "identical")}
@@ -343,7 +347,7 @@ class IFCA:
             return Update(state)
         clients = np.array([x.client for x in results], dtype=np.int64)
         updates = np.stack([x.update for x in results])
-        tree = hc.hierarchical_clusters(updates, "l2", "ward", self.min_silhouette,
+        tree = hc.hierarchical_clusters(updates, "cosine", "average", self.min_silhouette,
                                         "silhouette")
         labels = tree.labels
         weights = aggregation_weights(np.array([x.num_samples for x in results]), self.weighting)

@@ -12,6 +12,14 @@ Algorithm 1, run once before federated training:
 Section V-A's ablations replace d by DiffNorm ||w_i - w_j|| or GradCos 1 - cos(g_i, g_j),
 the gradients taken at the warmed-up global model (A19). Rounds count the warm-up (A10): the
 clustering happens in round `warmup_rounds` (1-based), or in round 1 for a local warm-up.
+
+Defaults (extensions, A26): k chosen from d (`precomputed.substantial_clusters`, one cluster
+when no clustering is substantial) and a 10-round federated warm-up (the paper's runs used 5
+rounds of 10 local epochs; d is only as good as the warmed-up models). The presets pin k and
+the paper's warm-up.
+
+What it can see: any shift that makes one client's model fit another client's data worse:
+concept, feature and label shift.
 """
 
 from __future__ import annotations
@@ -109,7 +117,7 @@ class LCFL:
     weighting: str = "samples"        # FedAvg weights (A11); "uniform": the code's mean
     log_distance_clients: int = 1000  # rows of d written to events.jsonl (evenly spaced)
     sees: ClassVar[frozenset[str]] = frozenset({'concept', 'feature', 'label'})
-    toy_mixture_options: ClassVar[dict[str, Any]] = {"rounds": 6, "k": 4, "warmup_rounds": 4}
+    toy_mixture_options: ClassVar[dict[str, Any]] = {"rounds": 12}
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
         "warmup": ("federated", "local"),
         "metric": ("loss", "diffnorm", "gradcos", "loss_eq6"),

@@ -19,7 +19,12 @@ cluster that most of its HC cluster's old members hold, or starts a new one from
 Spec choices (../shared/specs/pacfl.md section 7): per-class signatures of raw, uncentred
 pixels, p = 3 (#1-3); `min_pair` with |.| (#4, #24; `absolute: false` is the authors' code);
 beta in degrees (#7); scipy's weighted linkage, the code's "average" (#8); all clients at
-t = 0 (#10); global sampling (#11); participants' |D_k| weights (#14).
+t = 0 (#10); global sampling (#11); participants' |D_k| weights (#14). The default cut is
+chosen from A itself (`precomputed.substantial_clusters`); the presets pin n_clusters or beta.
+
+What it can see: differences in the clients' inputs, per class: feature shift (rotations,
+other sources) and label shift (other label sets). Not concept shift: a label swap leaves
+every client's images, hence its signature, as they were.
 """
 
 from __future__ import annotations

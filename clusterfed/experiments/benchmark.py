@@ -72,8 +72,8 @@ class BenchDataset:
 
 DATASETS: dict[str, BenchDataset] = {d.name: d for d in (
     BenchDataset("digits", {"dataset": "digits"}, "mlp", None, None),
-    BenchDataset("mnist", {"dataset": "mnist"}, "mlp", 300, 100),
-    BenchDataset("fashion_mnist", {"dataset": "fashion_mnist"}, "mlp", 300, 100),
+    BenchDataset("mnist", {"dataset": "mnist"}, "mlp", 150, 50),
+    BenchDataset("fashion_mnist", {"dataset": "fashion_mnist"}, "mlp", 150, 50),
 )}
 
 # One training budget for every cell: enough rounds for CFL to split twice and for the
