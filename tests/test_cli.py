@@ -11,8 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers import cli, comparable
 
+from clusterfed import config as cfg
 from clusterfed.algorithms import ALGORITHMS
 
 SMALL = ["scenario.clients=8", "train.rounds=2", "run.progress=false"]
@@ -45,15 +47,20 @@ def test_compare_prints_table_and_writes_report(capsys, tmp_path):
     # Every registered algorithm joins the main job.
     assert sorted(comparison["algorithms"]) == sorted(ALGORITHMS.names())
     assert comparison["algorithms"][:3] == ["fedavg", "local", "cfl"]
-    # The preset's own options for an algorithm travel with it.
+    # The main job shows defaults only: no algorithm carries an option of its own.
     assert json.loads((tmp_path / "cfl" / "summary.json").read_text())["algorithm"] == "cfl"
-    assert "min_child_size: 2" in (tmp_path / "cfl" / "config.yaml").read_text()
+    assert all(isinstance(a, str) for a in cfg.resolve("quickstart")["compare"]["algorithms"])
+    assert yaml.safe_load((tmp_path / "cfl" / "config.yaml").read_text())["algorithm"] == {
+        "name": "cfl"}
     assert (tmp_path / "report.md").read_text().count("fedavg") >= 2
     assert (tmp_path / "local" / "report.md").exists()
     code, out, _ = cli(capsys, "compare", "quickstart", *SMALL, "--algorithms", "local,cfl",
                        "--out", str(tmp_path / "two"))
     assert code == 0 and "fedavg" not in out
-    assert "min_child_size: 2" in (tmp_path / "two" / "cfl" / "config.yaml").read_text()
+    # A name asked for on the command line keeps the options the config gives it.
+    from clusterfed.experiments.compare import algorithm_sections
+    listed = {"compare": {"algorithms": ["local", {"name": "cfl", "min_child_size": 2}]}}
+    assert algorithm_sections(listed, ["cfl"]) == [{"name": "cfl", "min_child_size": 2}]
 
 
 @pytest.mark.parametrize("argv, message", [

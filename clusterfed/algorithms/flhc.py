@@ -106,7 +106,7 @@ class FLHC:
     participation: float | None = None   # C inside clusters; None: the run's sampled fraction
     cluster_rounding: str = "floor"      # A5: floor | round
     weighting: str = "samples"           # FedAvg weights: samples | uniform
-    sees: ClassVar[frozenset[str]] = frozenset({'concept', 'feature', 'label'})
+    sees: ClassVar[frozenset[str]] = frozenset({"concept", "feature", "label"})
     toy_mixture_options: ClassVar[dict[str, Any]] = {"rounds": 12}
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
         "features": ("update", "weights"), "cluster_rounding": ("floor", "round")}

@@ -33,12 +33,13 @@ round W, from k models that all learnt something.
 k from the data (`k: null`, the default; an extension, the paper fixes k): the federation
 first trains one model for `select_round` rounds (FedAvg, as the warm-up above with one group);
 then every client trains it once and the server clusters those updates as FL+HC's default
-does (average linkage on cosine distances, cut into the most clusters of which every one has a mean silhouette of
-at least `min_silhouette`, else one: `precomputed.substantial_clusters`). Each cluster found
-starts its model from the global model plus its members' mean update, and IFCA goes on from
-those k models, every client choosing its model by loss each round as above. This start is
-the authors' trained initialisation with groups found in the data instead of drawn at random,
-which also spares IFCA the random starts that, with k given, make restarts necessary.
+does (average linkage on cosine distances, cut into the most clusters of which every one has
+a mean silhouette of at least `min_silhouette`, else one: `precomputed.substantial_clusters`).
+Each cluster found starts its model from the global model plus its members' mean update, and
+IFCA goes on from those k models, every client choosing its model by loss each round as above.
+This start is the authors' trained initialisation with groups found in the data instead of
+drawn at random, which also spares IFCA the random starts that, with k given, make restarts
+necessary.
 
 What it can see: any shift that makes one model's training loss differ between clients:
 concept, feature and label shift (with k from the data; with k given and random starts it
@@ -195,7 +196,7 @@ class IFCA:
     # label-swap clusters (a model that leaves the loss plateau first wins every client; one
     # nobody chose never trains again: docs/reproductions/ifca.md); with k from the data the
     # models start from the clusters of one round of updates and keep them.
-    sees: ClassVar[frozenset[str]] = frozenset({'concept', 'feature', 'label'})
+    sees: ClassVar[frozenset[str]] = frozenset({"concept", "feature", "label"})
     toy_mixture_options: ClassVar[dict[str, Any] | None] = {"rounds": 14}
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
         "aggregate": ("models", "gradients"), "gradient_scale": ("participants", "cluster"),

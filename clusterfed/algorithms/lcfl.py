@@ -116,7 +116,7 @@ class LCFL:
     cluster_init: str = "global"      # or "members" (A9's mean of warm-up models), "medoid"
     weighting: str = "samples"        # FedAvg weights (A11); "uniform": the code's mean
     log_distance_clients: int = 1000  # rows of d written to events.jsonl (evenly spaced)
-    sees: ClassVar[frozenset[str]] = frozenset({'concept', 'feature', 'label'})
+    sees: ClassVar[frozenset[str]] = frozenset({"concept", "feature", "label"})
     toy_mixture_options: ClassVar[dict[str, Any]] = {"rounds": 12}
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
         "warmup": ("federated", "local"),

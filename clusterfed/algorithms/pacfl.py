@@ -92,7 +92,7 @@ class PACFL:
     reassign_existing: bool = False      # let the rerun move old clients between clusters
     finetune_newcomers: bool = True      # Alg. 3 line 6: train once locally on arrival
     # Not claimed: label swaps keep each client's images, hence its signature (see README).
-    sees: ClassVar[frozenset[str]] = frozenset({'feature', 'label'})
+    sees: ClassVar[frozenset[str]] = frozenset({"feature", "label"})
     toy_mixture_options: ClassVar[dict[str, Any] | None] = None
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
         "linkage": pa.LINKAGES, "measure": pa.MEASURES, "signature": ("per_class", "whole"),
