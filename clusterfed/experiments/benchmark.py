@@ -240,6 +240,26 @@ def markdown(summary: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def matrix(summary: Sequence[Mapping[str, Any]], dataset: str) -> str:
+    """One dataset as methods x scenarios: mean ARI (mean clusters found), the claims marked:
+    ✓ met, ✗ missed, no mark: no claim."""
+    entries = [e for e in summary if e["dataset"] == dataset]
+    scenarios = list(dict.fromkeys(e["scenario"] for e in entries))
+    methods = list(dict.fromkeys(e["method"] for e in entries))
+    cell = {(e["method"], e["scenario"]): e for e in entries}
+    mark = {"pass": " ✓", "FAIL": " ✗", "": ""}
+    lines = ["| method | " + " | ".join(f"{s} ({SCENARIOS[s].shift})" for s in scenarios)
+             + " |", "| --- |" + " ---: |" * len(scenarios)]
+    for m in methods:
+        row = []
+        for s in scenarios:
+            e = cell.get((m, s))
+            row.append("" if e is None else
+                       f"{e['ari'][0]:.2f} ({e['clusters'][0]:.1f}){mark[e['verdict']]}")
+        lines.append(f"| {m} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def failures(summary: Sequence[Mapping[str, Any]]) -> list[str]:
     return [f"{e['dataset']}/{e['scenario']}/{e['method']}" for e in summary
             if e["verdict"] == "FAIL"]
@@ -281,7 +301,10 @@ def write_outputs(folder: Path, rows: Sequence[Mapping[str, Any]],
     """benchmark.md, benchmark.json and benchmark.png in the folder."""
     summary = summarise(rows)
     header = f"Command: `{command}`\n\n" if command else ""
-    (folder / "benchmark.md").write_text(header + markdown(summary))
+    matrices = "".join(f"### {d}: mean ARI (mean clusters found)\n\n{matrix(summary, d)}\n"
+                       for d in dict.fromkeys(e["dataset"] for e in summary))
+    (folder / "benchmark.md").write_text(header + matrices + "### Every cell\n\n"
+                                         + markdown(summary))
     (folder / "benchmark.json").write_text(json.dumps(
         {"ari_bar": ARI_BAR, "train": TRAIN, "clients": CLIENTS, "summary": summary,
          "rows": list(rows)}, indent=1) + "\n")
