@@ -13,13 +13,13 @@ from clusterfed import config as cfg
 FLOWER_ALGORITHMS: list[dict[str, Any]] = [
     {"name": "fedavg"},
     # eps1/eps2 large enough that CFL splits within two rounds of this small scenario.
-    {"name": "cfl", "eps1": 0.6, "eps2": 0.1},
+    {"name": "cfl", "acceptance": "fixed", "eps1": 0.6, "eps2": 0.1},
     # The other clustered methods, each set to cluster within the two rounds.
     {"name": "flhc", "rounds_before_clustering": 1, "threshold_mode": "clusters",
      "threshold": 2},
     {"name": "pacfl", "n_clusters": 2},
     {"name": "lcfl", "k": 2, "warmup_rounds": 1},
-    {"name": "ifca", "k": 2},
+    {"name": "ifca", "k": 2, "restarts": 1},
 ]
 
 # The in-process Flower tests (the real ClientApp and wire format behind a loopback grid) run
@@ -27,6 +27,7 @@ FLOWER_ALGORITHMS: list[dict[str, Any]] = [
 # and FedAvg, since each real run costs a minute of process starts.
 EVERY_ALGORITHM: list[dict[str, Any]] = [
     *FLOWER_ALGORITHMS,
+    {"name": "ifca", "select_round": 1},      # k from the data: the selection round too
     {"name": "fedprox", "mu": 0.01},
     {"name": "fednova"},
     {"name": "scaffold"},

@@ -373,6 +373,7 @@ def split_leaf(state: CFLState, leaf: int, parts: tuple[np.ndarray, np.ndarray],
                updates: np.ndarray, weights: np.ndarray, rnd: int, *, restart: bool
                ) -> CFLState:
     """Replace a leaf by its two children; positions in `parts` index `updates` and members."""
+    state = _forget_similarity(state, [leaf])
     k = _leaf_index(state, leaf)
     parent_model = state.models[k]
     members = state.nodes[leaf].members
@@ -396,8 +397,6 @@ def split_leaf(state: CFLState, leaf: int, parts: tuple[np.ndarray, np.ndarray],
         state, nodes=tuple(nodes),
         max_norms={v: h for v, h in state.max_norms.items() if v != leaf},
         streaks={v: s for v, s in state.streaks.items() if v != leaf},
-        similarities={v: s for v, s in state.similarities.items() if v != leaf},
-        similarity_rounds={v: s for v, s in state.similarity_rounds.items() if v != leaf},
         leaves=np.concatenate([state.leaves[keep], child_ids]),
         models=np.concatenate([state.models[keep], np.stack(child_models)]).astype(np.float32),
         client_node=client_node,
