@@ -152,8 +152,11 @@ def benchmark(overrides: tuple[str, ...], quick: bool, datasets: str | None,
         scenarios=_names(scenarios, matrix["scenarios"]),
         methods=_names(methods, matrix["methods"]), seeds=seed_list, overrides=overrides,
         data_dir=data_dir, progress=lambda line: click.echo(line, err=True))
-    command = "clusterfed benchmark " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else \
-        "clusterfed benchmark"
+    given = [("--quick", quick), ("--datasets", datasets), ("--scenarios", scenarios),
+             ("--methods", methods), ("--seeds", seeds)]
+    command = " ".join(["clusterfed benchmark", *overrides,
+                        *(f"{flag} {value}" if value is not True else flag
+                          for flag, value in given if value)])
     summary = bench.write_outputs(folder, rows, command)
     click.echo(bench.markdown(summary), nl=False)
     missed = bench.failures(summary)

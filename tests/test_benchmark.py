@@ -43,7 +43,10 @@ def test_the_command_writes_its_table_and_resumes(tmp_path, capsys):
     rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert [(r["scenario"], r["method"], r["clusters"]) for r in rows] == [("iid", "cfl", 1)]
     assert (out / "benchmark.png").stat().st_size > 0
-    assert "| digits | iid | none | cfl |" in (out / "benchmark.md").read_text()
+    text = (out / "benchmark.md").read_text()
+    assert "| digits | iid | none | cfl |" in text
+    assert text.startswith("Command: `clusterfed benchmark train.rounds=2 --quick --scenarios "
+                           "iid --methods cfl --seeds 0`")
     entry(args)                                   # a second run finds the cell done
     assert len((out / "results.jsonl").read_text().splitlines()) == 1
     with pytest.raises(SystemExit) as exc:
