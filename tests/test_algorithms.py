@@ -55,8 +55,17 @@ def test_fedavg_uniform_and_empty_round():
     np.testing.assert_array_equal(algo.update(new, ctx, []).state.model, new.model)
 
 
-def test_local_keeps_each_clients_model():
+def test_local_trains_every_client_every_round_by_default():
+    # The PACFL authors' main_local.py: SOLO clients do not wait to be sampled.
     algo = build_algorithm({"name": "local"})
+    state = algo.init(Setup(3, np.zeros(2, np.float32), np.array([5, 5, 5]), 0))
+    assert [t.client for t in algo.plan(state, RoundContext(0, np.array([1]), SPEC))] == [0, 1, 2]
+    with pytest.raises(ValueError, match="clients must be one of all, sampled"):
+        build_algorithm({"name": "local", "clients": "some"})
+
+
+def test_local_keeps_each_clients_model():
+    algo = build_algorithm({"name": "local", "clients": "sampled"})
     state = algo.init(Setup(3, np.zeros(2, np.float32), np.array([5, 5, 5]), 0))
     ctx = RoundContext(0, np.array([0, 2]), SPEC)
     assert [t.client for t in algo.plan(state, ctx)] == [0, 2]

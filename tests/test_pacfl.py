@@ -92,9 +92,11 @@ def test_one_cluster_is_fedavg_bit_for_bit():
 
 
 def test_beta_zero_is_local_training_bit_for_bit():
-    # Every client its own cluster: each trains from its own last model, as SOLO does.
+    # Every client its own cluster: each trains from its own last model when sampled, as
+    # SOLO restricted to the sampled clients does.
     pacfl = Simulation(pacfl_config({"beta": 0.0}))
-    local = Simulation(tiny_config("local"))
+    local = Simulation(cfg.merge(tiny_config("local"),
+                                 {"algorithm": {"name": "local", "clients": "sampled"}}))
     a, b = pacfl.run(), local.run()
     assert a["clustering"]["n_clusters"] == 8
     assert comparable(a)["final"] == comparable(b)["final"]
@@ -181,6 +183,43 @@ def test_a_dissimilar_newcomer_starts_a_new_cluster_from_theta0():
                       [signature_result(2, e[:, [5]])])
     assert upd.state.assignment.tolist() == [0, 0, 1]
     np.testing.assert_array_equal(upd.state.models[1], 0)
+
+
+def in_plane(degrees: float) -> np.ndarray:
+    """A unit signature column at `degrees` from e0 in the (e0, e1) plane of R^6."""
+    t = np.radians(degrees)
+    return (np.cos(t) * np.eye(6)[:, [0]] + np.sin(t) * np.eye(6)[:, [1]])
+
+
+def admit(options: dict, newcomer: float | np.ndarray) -> list[int]:
+    """Old clients at 0 and 9 degrees (one cluster at beta 10) and one at 90; a newcomer at
+    `newcomer` degrees in their plane (or the given column)."""
+    algo = build_algorithm({"name": "pacfl", "signature": "whole", "newcomers": [3],
+                            "join_round": 1, **options})
+    state = algo.init(Setup(4, np.zeros(4, dtype=np.float32), np.full(4, 10), 0))
+    old = [signature_result(c, in_plane(a)) for c, a in ((0, 0.0), (1, 9.0), (2, 90.0))]
+    upd = algo.update(state, RoundContext(0, np.array([], dtype=np.int64), SPEC), old)
+    assert upd.state.assignment[:3].tolist() == [0, 0, 1]
+    upd = algo.update(upd.state, RoundContext(1, np.arange(4), SPEC),
+                      [signature_result(3, in_plane(newcomer) if np.isscalar(newcomer)
+                                        else newcomer)])
+    return upd.state.assignment.tolist()
+
+
+def test_a_newcomer_joins_the_nearest_cluster_by_mean_angle_within_beta():
+    # Spec #12: mean angle to {0, 1} is (16 + 7) / 2 = 11.5 > 10: a new cluster; at 14
+    # degrees it is (14 + 5) / 2 = 9.5 <= 10: cluster 0.
+    assert admit({"beta": 10.0}, 16.0) == [0, 0, 1, 2]
+    assert admit({"beta": 10.0}, 14.0) == [0, 0, 1, 0]
+    # Alg. 3's rerun merges the newcomer with client 1 at 7 degrees, so it joins cluster 0.
+    assert admit({"beta": 10.0, "newcomer_rule": "rerun"}, 16.0) == [0, 0, 1, 0]
+    # A cut by count: the threshold is halfway between the merges at 9 and 85.5 degrees
+    # (weighted linkage of {0, 1} with 2: (90 + 81) / 2), 47.25.
+    assert admit({"n_clusters": 2}, 16.0) == [0, 0, 1, 0]
+    assert admit({"n_clusters": 2}, 60.0) == [0, 0, 1, 1]      # 30 from client 2
+    assert admit({"n_clusters": 2}, np.eye(6)[:, [2]]) == [0, 0, 1, 2]   # 90 from all
+    with pytest.raises(ConfigError, match="newcomer_rule: rerun"):
+        build_algorithm({"name": "pacfl", "reassign_existing": True})
 
 
 @pytest.mark.parametrize("options, message", [

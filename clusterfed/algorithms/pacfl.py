@@ -10,11 +10,14 @@ members among the round's sampled clients (|D_k|-weighted, line 24 over particip
 cluster with no sampled member keeps its model.
 
 Newcomers (Algorithms 2 and 3): at `join_round` the late clients send their signatures; A is
-extended with the old-new and new-new blocks (PME, corrected), HC is rerun with the same
-beta, and each newcomer receives its cluster's model and fine-tunes on it locally (Alg. 3
-line 6, optional). By default old clients keep their clusters and a newcomer joins the old
-cluster that most of its HC cluster's old members hold, or starts a new one from theta_0
-(spec 7, #12-13); `reassign_existing` adopts the rerun's clustering for everyone.
+extended with the old-new and new-new blocks (PME, corrected), and each newcomer receives its
+cluster's model and fine-tunes on it locally (Alg. 3 line 6, optional). Which cluster (spec 7,
+#12-13): by default (`newcomer_rule: nearest`) old clients keep their clusters and a newcomer
+joins the cluster at the least mean angle (UPGMA) if that angle is within beta (or, with the
+cut chosen otherwise, within the height of the first clustering's cut), else starts a new
+cluster from theta_0; `newcomer_rule: rerun` is Alg. 3 line 4: HC is rerun with the same cut
+and a newcomer joins the old cluster most of its rerun cluster's old members hold, and with
+`reassign_existing` the rerun's clustering is adopted for everyone.
 
 Spec choices (../shared/specs/pacfl.md section 7): per-class signatures of raw, uncentred
 pixels, p = 3 (#1-3); `min_pair` with |.| (#4, #24; `absolute: false` is the authors' code);
@@ -63,6 +66,7 @@ class PACFLState:
     proximity: np.ndarray           # (m, m) A in degrees
     signatures: tuple[np.ndarray, ...] = ()  # in `clustered` order; kept only for PME
     seed: int = 0
+    threshold: float = float("nan")  # degrees: beta, or the height of the first cut
 
 
 @ALGORITHMS.register("pacfl")
@@ -89,14 +93,15 @@ class PACFL:
     weighting: str = "samples"           # FedAvg weights inside a cluster
     newcomers: Sequence[int] = ()        # clients that arrive at join_round (Algs. 2, 3)
     join_round: int = 0
-    reassign_existing: bool = False      # let the rerun move old clients between clusters
+    newcomer_rule: str = "nearest"       # or "rerun" (Alg. 3 line 4)
+    reassign_existing: bool = False      # rerun: let it move old clients between clusters
     finetune_newcomers: bool = True      # Alg. 3 line 6: train once locally on arrival
     # Not claimed: label swaps keep each client's images, hence its signature (see README).
     sees: ClassVar[frozenset[str]] = frozenset({"feature", "label"})
     toy_mixture_options: ClassVar[dict[str, Any] | None] = None
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
         "linkage": pa.LINKAGES, "measure": pa.MEASURES, "signature": ("per_class", "whole"),
-        "svd": pa.SVD_METHODS}
+        "svd": pa.SVD_METHODS, "newcomer_rule": ("nearest", "rerun")}
     newcomer_set: frozenset[int] = field(init=False, repr=False, default=frozenset())
 
     def __post_init__(self) -> None:
@@ -114,6 +119,9 @@ class PACFL:
             raise ValueError("measure ordered_sum (Eq. 3) pairs vectors in identical order, "
                              "which per-class stacks do not share: use signature: whole or "
                              "measure: principal_sum")
+        if self.reassign_existing and self.newcomer_rule != "rerun":
+            raise ValueError("reassign_existing moves old clients by the rerun of HC: "
+                             "set newcomer_rule: rerun")
         if self.newcomers and self.join_round < 1:
             raise ValueError("newcomers arrive after the federation starts: join_round >= 1")
         object.__setattr__(self, "newcomer_set", frozenset(int(c) for c in self.newcomers))
@@ -222,24 +230,64 @@ class PACFL:
         assignment = state.assignment.copy()
         assignment[ids] = labels
         z = int(labels.max()) + 1
+        threshold = self.beta if self.beta is not None else pa.cut_threshold(tree, z)
         state = replace(state, models=np.tile(state.initial, (z, 1)), assignment=assignment,
-                        clustered=ids, proximity=proximity,
+                        clustered=ids, proximity=proximity, threshold=float(threshold),
                         signatures=tuple(signatures) if self.newcomer_set else ())
         metrics = {"clusters": z, "signature_floats": int(sum(s.size for s in signatures))}
         return state, metrics, self._clustering_event("pacfl_clustering", ids, proximity, tree,
                                                       labels)
 
     def _admit(self, state: PACFLState, signed: list[ClientResult]) -> Update:
-        """Alg. 3: PME (Alg. 2) with the cross block, HC rerun, a cluster for each newcomer."""
+        """Alg. 3: PME (Alg. 2) with the cross block, then a cluster for each newcomer."""
         new_ids = np.array([r.client for r in signed], dtype=np.int64)
         new_signatures = [np.asarray(r.signature, dtype=np.float64) for r in signed]
         proximity = pa.extend_proximity(state.proximity, state.signatures, new_signatures,
                                         self.measure, self.absolute)
         ids = np.concatenate([state.clustered, new_ids])
+        if self.newcomer_rule == "nearest":
+            assignment, models, event = self._join_nearest(state, ids, proximity)
+        else:
+            assignment, models, event = self._join_rerun(state, ids, proximity)
+        state = replace(state, models=np.stack(models).astype(np.float32),
+                        assignment=assignment, clustered=ids, proximity=proximity,
+                        signatures=(*state.signatures, *new_signatures))
+        event.update(newcomers=new_ids.tolist(), assignment=assignment[ids].tolist())
+        metrics = {"pacfl": {"clusters": len(models),
+                             "signature_floats": int(sum(s.size for s in new_signatures))}}
+        return Update(state, metrics, [event], round_done=False)
+
+    def _join_nearest(self, state: PACFLState, ids: np.ndarray, proximity: np.ndarray
+                      ) -> tuple[np.ndarray, list[np.ndarray], dict[str, Any]]:
+        """Spec #12: old clients stay; each newcomer, in order, joins the cluster at the least
+        mean angle if within the threshold, else a new cluster from theta_0 that later
+        newcomers may join."""
+        m = len(state.clustered)
+        assignment = state.assignment.copy()
+        models = list(state.models)
+        labels = assignment[ids[:m]]
+        angles = []
+        for j in range(m, len(ids)):
+            to_clusters = pa.mean_distance_to_clusters(proximity[j, :j], labels, len(models))
+            z = int(np.argmin(to_clusters))
+            angles.append(float(to_clusters[z]))
+            if not to_clusters[z] <= state.threshold:
+                z = len(models)
+                models.append(state.initial)
+            assignment[ids[j]] = z
+            labels = np.append(labels, z)
+        event = {"type": "pacfl_newcomers", "rule": "nearest", "clients": ids.tolist(),
+                 "threshold": state.threshold, "nearest_angle": np.round(angles, 4).tolist(),
+                 "proximity": np.round(proximity, 4).tolist(), "old_moved": 0}
+        return assignment, models, event
+
+    def _join_rerun(self, state: PACFLState, ids: np.ndarray, proximity: np.ndarray
+                    ) -> tuple[np.ndarray, list[np.ndarray], dict[str, Any]]:
+        """Alg. 3 line 4: HC rerun on the extended A with the same cut."""
         tree, labels = self._cut(proximity)
         m = len(state.clustered)
         previous = np.concatenate([state.assignment[state.clustered],
-                                   np.full(len(new_ids), UNASSIGNED)])
+                                   np.full(len(ids) - m, UNASSIGNED)])
         source = pa.match_clusters(previous, labels)   # each rerun cluster's old cluster
         assignment = state.assignment.copy()
         models = list(state.models)
@@ -248,7 +296,7 @@ class PACFL:
             assignment[ids] = labels
         else:
             fresh: dict[int, int] = {}
-            for j, c in enumerate(new_ids.tolist()):
+            for j, c in enumerate(ids[m:].tolist()):
                 h = int(labels[m + j])
                 if source[h] >= 0:
                     assignment[c] = source[h]
@@ -257,15 +305,9 @@ class PACFL:
                         fresh[h] = len(models)
                         models.append(state.initial)
                     assignment[c] = fresh[h]
-        state = replace(state, models=np.stack(models).astype(np.float32),
-                        assignment=assignment, clustered=ids, proximity=proximity,
-                        signatures=(*state.signatures, *new_signatures))
         event = self._clustering_event("pacfl_newcomers", ids, proximity, tree, labels)
-        event.update(newcomers=new_ids.tolist(), assignment=assignment[ids].tolist(),
-                     old_moved=int(np.sum(source[labels[:m]] != previous[:m])))
-        metrics = {"pacfl": {"clusters": len(models),
-                             "signature_floats": int(sum(s.size for s in new_signatures))}}
-        return Update(state, metrics, [event], round_done=False)
+        event.update(rule="rerun", old_moved=int(np.sum(source[labels[:m]] != previous[:m])))
+        return assignment, models, event
 
     def _aggregate(self, state: PACFLState, results: Sequence[ClientResult]
                    ) -> tuple[PACFLState, dict[str, Any]]:

@@ -294,6 +294,28 @@ def cut_tree(tree: np.ndarray, n: int, beta: float | None = None,
     return canonical_labels(labels)
 
 
+def cut_threshold(tree: np.ndarray, n_clusters: int) -> float:
+    """The height that cuts `tree` into n_clusters: halfway between the last merge kept and
+    the first merge not made (the beta that would give the same clusters)."""
+    heights = np.sort(np.asarray(tree, dtype=np.float64)[:, 2]) if len(tree) else np.zeros(0)
+    done = len(heights) - (n_clusters - 1)
+    if len(heights) == 0 or done < 0:
+        return 0.0
+    below = heights[done - 1] if done > 0 else 0.0
+    above = heights[done] if done < len(heights) else heights[-1] * 1.05 + 1e-9
+    return float((below + above) / 2)
+
+
+def mean_distance_to_clusters(distances: np.ndarray, labels: np.ndarray, n_clusters: int
+                              ) -> np.ndarray:
+    """UPGMA distance from one point to each cluster: the mean of `distances` (to every
+    clustered point) over the cluster's members; inf for a cluster with no member."""
+    sums = np.bincount(labels, weights=distances, minlength=n_clusters)
+    counts = np.bincount(labels, minlength=n_clusters)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, sums / np.maximum(counts, 1), np.inf)
+
+
 def hierarchical_clusters(proximity: np.ndarray, beta: float | None = None,
                           method: str = "weighted", n_clusters: int | None = None
                           ) -> np.ndarray:

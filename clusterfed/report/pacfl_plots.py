@@ -58,7 +58,7 @@ def cut_height(event: Record) -> float:
     above = heights[done] if done < len(heights) else heights[-1] * 1.05 + 1e-9
     if beta is not None and "n_clusters" not in event and below <= beta < above:
         return float(beta)   # an older record: a beta cut
-    return float((below + above) / 2)
+    return pa.cut_threshold(tree, z)
 
 
 def angle_gap(proximity: np.ndarray, true: np.ndarray) -> tuple[float, float] | None:
@@ -205,7 +205,7 @@ def pacfl_section(folder: Path, summary: Record, metrics: Sequence[Record],
     if not found:
         return lines + ["No clustering was recorded.", ""]
     true = np.asarray(summary["clustering"]["true_assignment"])
-    last = found[-1]
+    last = [e for e in found if "tree" in e][-1]   # the newest HC (nearest joins run none)
     plot_proximity(last, true, folder / IMAGES["proximity"])
     plot_dendrogram(last, true, folder / IMAGES["dendrogram"])
     plot_clusters_against_beta(last, folder / IMAGES["beta"])
@@ -231,10 +231,19 @@ def pacfl_section(folder: Path, summary: Record, metrics: Sequence[Record],
         text = f"- newcomers ({len(config['algorithm']['newcomers'])}): mean accuracy {news[0]:.4f}"
         if news[1] is not None:
             text += f" (cluster models {news[1]:.4f})"
-        moved = [e.get("old_moved", 0) for e in found if e["type"] == "pacfl_newcomers"]
-        keep = not (config or {}).get("algorithm", {}).get("reassign_existing", False)
-        lines.append(text + f"; old clients the rerun put in another cluster: {sum(moved)}"
-                     + (" (kept in their own)" if keep else " (moved)"))
+        joins = [e for e in found if e["type"] == "pacfl_newcomers"]
+        if joins and joins[-1].get("rule", "rerun") == "nearest":
+            n_old = len(joins[-1]["clients"]) - len(joins[-1]["newcomers"])
+            started = len(set(joins[-1]["assignment"][n_old:]) - set(
+                joins[-1]["assignment"][:n_old]))
+            lines.append(text + f"; each joined the cluster at the least mean angle within "
+                         f"{joins[-1]['threshold']:.2f} degrees, else a new one "
+                         f"({started} new)")
+        else:
+            moved = [e.get("old_moved", 0) for e in joins]
+            keep = not (config or {}).get("algorithm", {}).get("reassign_existing", False)
+            lines.append(text + f"; old clients the rerun put in another cluster: {sum(moved)}"
+                         + (" (kept in their own)" if keep else " (moved)"))
     participation = float((config or {}).get("train", {}).get("participation", 0.1))
     lines += ["", "### Rounds to target (Table 4) and the paper's cost to reach it "
               "(Tables 8, 9)", ""]
