@@ -75,7 +75,10 @@ def test_interrupted_run_resumes_to_the_same_summary(name, tmp_path):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_plans_only_sampled_clients_with_known_task_kinds(name):
-    sim = Simulation(tiny_config(name))
+    # SOLO trains every client every round by default (not federated work): test its
+    # sampled mode here.
+    options = {"clients": "sampled"} if name == "local" else {}
+    sim = Simulation(merge(tiny_config(name), {"algorithm": {"name": name, **options}}))
     algo, state = sim.algorithm, sim.algorithm.init(sim.setup)
     sampled = np.array([1, 5, 6])
     tasks = algo.plan(state, RoundContext(0, sampled, sim.spec))

@@ -11,8 +11,14 @@ import torch
 from helpers import comparable, tiny_config
 
 from clusterfed.algorithms import RoundContext, build_algorithm
-from clusterfed.algorithms.lcfl import LCFL, LCFLState, exchange_cost, logged_clients
-from clusterfed.client import ClientTask, TaskKind
+from clusterfed.algorithms.lcfl import (
+    LCFL,
+    LCFLState,
+    exchange_cost,
+    logged_clients,
+    sample_within_clusters,
+)
+from clusterfed.client import ClientTask, TaskKind, TrainSpec
 from clusterfed.client.tasks import ClientResult, LossSpec
 from clusterfed.client.work import evaluate, loss_data, run_task
 from clusterfed.clustering import loss_distance as ld
@@ -190,6 +196,30 @@ def test_automatic_k_by_silhouette_and_the_one_cluster_rule():
     np.fill_diagonal(iid, 0)
     one, _ = LCFL(min_silhouette=0.5).cluster_labels(iid)
     assert (one == 0).all()
+
+
+def test_clustered_rounds_sample_within_each_cluster():
+    # Spec 6.9: max(1, round(rho |C|)) of each cluster; clusters of 10, 3 and 1 at rho 0.3
+    # give 3, 1 (round(0.9)) and 1 (at least one) members.
+    assignment = np.repeat([0, 1, 2], [10, 3, 1])
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        chosen = sample_within_clusters(assignment, 0.3, rng)
+        assert np.bincount(assignment[chosen], minlength=3).tolist() == [3, 1, 1]
+        assert len(set(chosen.tolist())) == len(chosen) and (np.diff(chosen) > 0).all()
+    seen = {c for _ in range(50) for c in sample_within_clusters(assignment, 0.3, rng)}
+    assert seen == set(range(14))     # uniform: every member is drawn sometimes
+    assert sample_within_clusters(assignment, 1.0, rng).tolist() == list(range(14))
+    # In the algorithm: rho is the round's sample size over all clients; a global sample of
+    # 4 clients out of 8 that all sit in cluster 0 still trains every cluster.
+    algo = LCFL(k=2)
+    state = LCFLState(models=np.zeros((2, 3), np.float32), assignment=np.repeat([0, 1], 4),
+                      num_samples=np.full(8, 10), clustered=True, seed=3)
+    ctx = RoundContext(5, np.array([0, 1, 2, 3]), TrainSpec(lr=0.1, batch_size=10))
+    planned = [t.client for t in algo.plan(state, ctx)]
+    assert np.bincount(state.assignment[planned]).tolist() == [2, 2]
+    assert planned == [t.client for t in algo.plan(state, ctx)]     # seeded by (seed, round)
+    assert [t.client for t in LCFL(k=2, cluster_sampling="global").plan(state, ctx)] == [0, 1, 2, 3]
 
 
 def test_exchange_cost_counts_the_all_pairs_exchange():

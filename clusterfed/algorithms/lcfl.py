@@ -8,6 +8,9 @@ Algorithm 1, run once before federated training:
      server adds the halves into d (lines 6-14);
   3. a clustering on d alone (k-medoids, DBSCAN or hierarchical; k given or by silhouette);
   4. FedAvg inside each cluster, from the warmed-up global model (lines 15-17); one-shot.
+     Each round samples max(1, round(rho |C_c|)) clients within each cluster C_c (spec 6.9,
+     the authors' code), rho being the round's participation; `cluster_sampling: global`
+     trains the runtime's global sample instead.
 
 Section V-A's ablations replace d by DiffNorm ||w_i - w_j|| or GradCos 1 - cos(g_i, g_j),
 the gradients taken at the warmed-up global model (A19). Rounds count the warm-up (A10): the
@@ -45,6 +48,7 @@ from clusterfed.clustering import precomputed as pc
 from clusterfed.state import serialisable
 
 FLOAT_BYTES = 4
+_WITHIN_TAG = 0x1CF1
 
 
 @serialisable
@@ -57,6 +61,7 @@ class LCFLState:
     warm_models: np.ndarray | None = None   # (num_clients, d) w_i, only while d is built
     warm_start: np.ndarray | None = None    # the model the warm-up's last step started from
     medoids: np.ndarray | None = None       # per cluster, its most central client in d
+    seed: int = 0
 
 
 def exchange_cost(metric: str, warmup: str, num_clients: int, num_params: int,
@@ -78,6 +83,19 @@ def exchange_cost(metric: str, warmup: str, num_clients: int, num_params: int,
         return {"model_evaluations": m, "bytes_down_per_client": 0,
                 "bytes_up_per_client": model_bytes}
     return {"model_evaluations": 0, "bytes_down_per_client": 0, "bytes_up_per_client": own_up}
+
+
+def sample_within_clusters(assignment: np.ndarray, fraction: float,
+                           rng: np.random.Generator) -> np.ndarray:
+    """Spec 6.9: max(1, round(fraction |C_c|)) members of every cluster C_c, uniformly without
+    replacement (Python's round, as the authors' code), sorted."""
+    chosen = []
+    for c in np.unique(assignment):
+        members = np.flatnonzero(assignment == c)
+        size = min(len(members), max(1, round(fraction * len(members))))
+        chosen.append(members if size == len(members)
+                      else rng.choice(members, size=size, replace=False))
+    return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.int64)
 
 
 def logged_clients(num_clients: int, limit: int) -> np.ndarray:
@@ -115,6 +133,7 @@ class LCFL:
     noise: str = "nearest"            # DBSCAN noise: "nearest", "singletons", "together"
     cluster_init: str = "global"      # or "members" (A9's mean of warm-up models), "medoid"
     weighting: str = "samples"        # FedAvg weights (A11); "uniform": the code's mean
+    cluster_sampling: str = "within"  # or "global": the runtime's sample of all clients
     log_distance_clients: int = 1000  # rows of d written to events.jsonl (evenly spaced)
     sees: ClassVar[frozenset[str]] = frozenset({"concept", "feature", "label"})
     toy_mixture_options: ClassVar[dict[str, Any]] = {"rounds": 12}
@@ -126,7 +145,8 @@ class LCFL:
         "clustering": ("kmedoids", "dbscan", "hierarchical"),
         "kmedoids_method": pc.MEDOID_METHODS, "kmedoids_init": pc.MEDOID_INITS,
         "linkage": pc.LINKAGES, "noise": pc.NOISE_RULES,
-        "cluster_init": ("global", "members", "medoid")}
+        "cluster_init": ("global", "members", "medoid"),
+        "cluster_sampling": ("within", "global")}
 
     def __post_init__(self) -> None:
         check_choices(self, self._kinds)
@@ -164,14 +184,24 @@ class LCFL:
     def init(self, setup: Setup) -> LCFLState:
         return LCFLState(models=setup.initial_params[None].copy(),
                          assignment=np.zeros(setup.num_clients, dtype=np.int64),
-                         num_samples=np.asarray(setup.num_samples, dtype=np.int64))
+                         num_samples=np.asarray(setup.num_samples, dtype=np.int64),
+                         seed=setup.seed)
+
+    def trainers(self, state: LCFLState, ctx: RoundContext) -> np.ndarray:
+        """Who trains in a clustered round: a sample within each cluster at the round's
+        participation, or the runtime's global sample."""
+        if self.cluster_sampling == "global":
+            return ctx.sampled
+        fraction = len(ctx.sampled) / len(state.assignment)
+        rng = np.random.default_rng([state.seed, ctx.round, _WITHIN_TAG])
+        return sample_within_clusters(state.assignment, fraction, rng)
 
     def plan(self, state: LCFLState, ctx: RoundContext) -> list[ClientTask]:
         everyone = range(len(state.assignment))
         if state.clustered:                                   # line 15: FedAvg per cluster
             return [ClientTask(int(c), TaskKind.TRAIN, state.models[state.assignment[c]],
                                ctx.train, {"cluster": int(state.assignment[c])})
-                    for c in ctx.sampled]
+                    for c in self.trainers(state, ctx)]
         if ctx.round < self.clustering_round:                 # federated warm-up rounds
             return [ClientTask(int(c), TaskKind.TRAIN, state.models[0], ctx.train)
                     for c in ctx.sampled]
