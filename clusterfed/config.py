@@ -31,7 +31,9 @@ DEFAULTS: dict[str, Any] = {
     },
     "algorithm": {"name": "fedavg"},
     "eval": {
-        "protocol": "cluster",  # "cluster": the client's cluster model; "local": its own last
+        # "cluster": the client's cluster model; "local": its own last trained model; also
+        # "best_of_path", "sampled_local" (LCFL's authors), "min_test_loss" (IFCA's): README
+        "protocol": "cluster",
         "every": 1,             # evaluate every N rounds (and always after the last)
         "validation_fraction": 0.0,  # share of each client's training data held out
         "also_cluster": False,  # protocol local: also score cluster models (cluster_* keys)
@@ -57,7 +59,7 @@ CLOSED_SECTIONS = {"train", "eval", "run", "compare"}
 # Changing one of these keys drops the base config's other keys of that section.
 KIND_KEYS = {"data": "dataset", "scenario": "kind", "model": "name", "algorithm": "name"}
 # "sampled_local": LCFL's authors' figure (sim/evaluation.py, `sampled_local_accuracy`).
-EVAL_PROTOCOLS = ("cluster", "local", "best_of_path", "sampled_local")
+EVAL_PROTOCOLS = ("cluster", "local", "best_of_path", "sampled_local", "min_test_loss")
 # Keys that keep their meaning when the section's kind changes.
 KIND_INDEPENDENT = {
     "scenario": {"clients", "clusters", "samples_per_client", "test_samples_per_client", "test",

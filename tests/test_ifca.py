@@ -3,6 +3,7 @@ what an identical initialisation does, against hand-worked cases and a small fed
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -268,3 +269,35 @@ def test_k_from_the_data_takes_no_restarts_or_random_groups():
     for options in ({"restarts": 2}, {"warmup_rounds": 2}, {"select_round": -1}):
         with pytest.raises(ConfigError):
             build_algorithm({"name": "ifca", **options})
+
+
+class TableExecutor:
+    """evaluate(model, clients) -> a fixed (loss, accuracy) per model id (params[0]) and client."""
+
+    def __init__(self, table: np.ndarray):
+        self.table = table   # (K, n, 2)
+
+    def evaluate(self, params, clients, split="test"):
+        return self.table[int(params[0]), clients]
+
+
+def test_min_test_loss_protocol_reports_each_clients_least_loss_model():
+    # The IFCA authors' test: client 0 is served model 0 but model 1 has the lower test loss
+    # (and the lower accuracy: the choice is by loss, not accuracy); client 1 keeps model 1.
+    from clusterfed.algorithms.base import ClusterView
+    from clusterfed.sim.evaluation import least_test_loss
+    table = np.array([[[0.9, 0.8], [0.7, 0.1]],
+                      [[0.5, 0.6], [0.2, 0.9]]])
+    view = ClusterView(np.array([[0.0], [1.0]], np.float32), np.array([0, 1]))
+    figures, chosen = least_test_loss(TableExecutor(table), view)
+    assert chosen.tolist() == [1, 1]
+    np.testing.assert_allclose(figures, [[0.5, 0.6], [0.2, 0.9]])
+
+
+def test_min_test_loss_protocol_in_a_run_records_the_served_figures_too(tmp_path):
+    run_config(tiny_config("ifca", eval={"protocol": "min_test_loss"}, train={"rounds": 2}),
+               tmp_path)
+    last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert 0.0 <= last["served_mean_accuracy"] <= 1.0 and 0.0 <= last["test_chose_served"] <= 1
+    with pytest.raises(ConfigError, match="min_test_loss"):
+        run_config(tiny_config("ifca", eval={"protocol": "min_loss"}))

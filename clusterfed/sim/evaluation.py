@@ -82,6 +82,17 @@ def sampled_local_accuracy(executor: Executor, view: ClusterView,
     return float(acc @ weights / weights.sum()) if weights.sum() > 0 else float(acc.mean())
 
 
+def least_test_loss(executor: Executor, view: ClusterView) -> tuple[np.ndarray, np.ndarray]:
+    """Protocol 'min_test_loss' (the IFCA authors' test): every client scores every model on
+    its test data and reports the figures of the one with the least loss. Returns (loss,
+    accuracy) per client and the chosen model per client."""
+    n = len(view.assignment)
+    everyone = list(range(n))
+    scores = np.stack([executor.evaluate(model, everyone) for model in view.models])  # (K, n, 2)
+    chosen = np.argmin(scores[:, :, 0], axis=0)
+    return scores[chosen, np.arange(n)], chosen
+
+
 def best_of_path(executor: Executor, algorithm: Any, state: Any, view: ClusterView
                  ) -> tuple[np.ndarray, np.ndarray]:
     """Protocol 'best_of_path': each client's best model on its root-to-leaf path.

@@ -28,6 +28,7 @@ from clusterfed.sim.evaluation import (
     best_of_path,
     evaluate_adapted,
     evaluate_clients,
+    least_test_loss,
     round_record,
     sampled_local_accuracy,
 )
@@ -278,6 +279,13 @@ class Simulation:
             record["mean_accuracy"] = sampled_local_accuracy(
                 self.executor, view, self.previous_models, self.round_sampled,
                 np.array([len(c.test_y) for c in self.federation.clients]))
+            return record
+        if self.config["eval"]["protocol"] == "min_test_loss":
+            figures, chosen = least_test_loss(self.executor, view)
+            record = round_record(figures, view, true, target)
+            served = evaluate_clients(self.executor, view, None)
+            record.update({"served_mean_accuracy": float(served[:, 1].mean()),
+                           "test_chose_served": float(np.mean(chosen == view.assignment))})
             return record
         adaptation = getattr(self.algorithm, "adaptation", None)
         spec = None
