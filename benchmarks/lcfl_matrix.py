@@ -9,6 +9,9 @@ A row is timed through the clients' own task code (`run_task` with a 2-D LOSSES 
 all M rows would take too long, `--rows` of them are timed and the whole matrix is
 extrapolated as M x (seconds per row): the output says which figures are measured and which
 extrapolated. The assembly of d from the rows (`loss_distance.assemble`) is timed in full.
+One row is also timed through the vectorised executor's path (`sim.batched.evaluate_models`,
+models vmapped in chunks of MIN_ROWS samples a model or more) beside the same path at one
+image a call, which is what it did when M exceeded its chunk of about 1,000 rows.
 
     python benchmarks/lcfl_matrix.py [--clients 120 1200] [--rows N] [--images 200]
                                      [--threads 1] [--json PATH]
@@ -30,6 +33,7 @@ from clusterfed.client.tasks import ClientTask, TaskKind
 from clusterfed.client.work import run_task
 from clusterfed.clustering import loss_distance as ld
 from clusterfed.models import FlatModel, build_model
+from clusterfed.sim import batched
 
 MODEL = "cnn_femnist_tiny"
 FLOAT_BYTES = 4
@@ -54,6 +58,22 @@ def time_rows(model: FlatModel, stacked: np.ndarray, rows: int, images: int) -> 
     return seconds
 
 
+def time_vectorised_row(model: FlatModel, stacked: np.ndarray, images: int, min_rows: int
+                        ) -> float:
+    """Seconds of one client's row through evaluate_models with `min_rows` samples a model."""
+    x, y = client_data(images, 0)
+    w = torch.from_numpy(stacked)
+    kept, batched.MIN_ROWS = batched.MIN_ROWS, min_rows
+    try:
+        began = time.perf_counter()
+        losses, _ = batched.evaluate_models(model, w, x, y)
+        seconds = time.perf_counter() - began
+    finally:
+        batched.MIN_ROWS = kept
+    assert len(losses) == len(stacked)
+    return seconds
+
+
 def measure(clients: int, rows: int, images: int, seed: int = 0) -> dict[str, Any]:
     module = build_model(name=MODEL, input_shape=(1, 28, 28), n_classes=10)
     model = FlatModel(module)
@@ -68,6 +88,8 @@ def measure(clients: int, rows: int, images: int, seed: int = 0) -> dict[str, An
     time_rows(model, stacked[:2], 1, images)            # warm the allocator and kernels up
     seconds = time_rows(model, stacked, rows, images)
     per_row = float(np.mean(seconds))
+    vectorised = time_vectorised_row(model, stacked, images, batched.MIN_ROWS)
+    one_image = time_vectorised_row(model, stacked, images, 1)
     halves = np.abs(rng.standard_normal((clients, clients)))
     began = time.perf_counter()
     ld.assemble(halves)
@@ -82,6 +104,8 @@ def measure(clients: int, rows: int, images: int, seed: int = 0) -> dict[str, An
         "matrix_seconds": per_row * clients + assemble_s,
         "slowest_client_seconds": per_row,
         "assemble_seconds": assemble_s,
+        "vectorised_row_seconds": vectorised,
+        "vectorised_row_seconds_one_image_per_call": one_image,
         "model_evaluations": clients * clients,
         "download_bytes_per_client": (clients - 1) * model_bytes,
         "upload_bytes_per_client": (clients - 1) * FLOAT_BYTES,
@@ -127,6 +151,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  whole d on one worker: {duration(r['matrix_seconds'])} ({how}); with one "
               f"worker per client: {duration(r['slowest_client_seconds'])}")
         print(f"  assembling d from the rows: {1e3 * r['assemble_seconds']:.1f} ms")
+        chunked, single = (r["vectorised_row_seconds"],
+                           r["vectorised_row_seconds_one_image_per_call"])
+        print(f"  one row, vectorised: {chunked:.2f} s with >= {batched.MIN_ROWS} samples a "
+              f"model per call, {single:.2f} s with one image per call "
+              f"({single / chunked:.2f}x)")
         print(f"  per client: {human(r['download_bytes_per_client'])} down "
               f"({r['clients'] - 1} models of {human(r['parameters'] * FLOAT_BYTES)}), "
               f"{human(r['upload_bytes_per_client'])} up; all clients: "

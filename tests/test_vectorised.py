@@ -205,3 +205,40 @@ def test_flat_model_call_fills_tied_parameters_and_restores_them():
     assert module[0].weight is shared.weight and isinstance(module[2].weight, nn.Parameter)
     torch.testing.assert_close(torch.func.vmap(flat, in_dims=(0, None))(torch.stack([w, w]), x)[1],
                                manual)
+
+
+def test_losses_over_more_than_a_thousand_models_equal_the_sequential_ones(federation):
+    # LCFL at M > 1000: models go in chunks (not one image per call), and the shared stack is
+    # uploaded once for all clients' tasks.
+    module = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    seq, vec, w0 = executors(federation, module=module)
+    rng = np.random.default_rng(0)
+    stack = (w0 + 0.1 * rng.standard_normal((1200, len(w0)))).astype(np.float32)
+    tasks = [ClientTask(c, TaskKind.LOSSES, stack) for c in range(3)]
+    expected, got = seq.run(tasks, 0), vec.run(tasks, 0)
+    assert vec._stack(stack) is vec._stack(stack)    # one upload while the array is shared
+    for e, g in zip(expected, got, strict=True):
+        assert g.losses.shape == (1200,)
+        np.testing.assert_allclose(g.losses, e.losses, rtol=1e-5)
+    model = FlatModel(module)
+    x, y = (torch.from_numpy(federation.clients[0].train_x),
+            torch.from_numpy(federation.clients[0].train_y))
+    losses, accs = evaluate_models(model, torch.from_numpy(stack[:130]), x, y, rows=1000)
+    np.testing.assert_allclose(losses, [evaluate(model, torch.from_numpy(v), x, y)[0]
+                                        for v in stack[:130]], rtol=1e-5)
+
+
+def test_many_models_keep_many_samples_per_call(federation):
+    # The old chunking gave 1000 // 1200 -> 1 image per call: 1 call per image per chunk.
+    model = FlatModel(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
+    calls = []
+
+    def counted(w, x):
+        calls.append(x.shape[0])
+        return model(w, x)
+
+    stack = model.initial_vector().expand(1200, -1).contiguous()
+    x, y = (torch.from_numpy(federation.clients[0].train_x),
+            torch.from_numpy(federation.clients[0].train_y))
+    evaluate_models(counted, stack, x, y, rows=1000)
+    assert max(calls) >= min(256, len(y)) and len(calls) <= 1200 // 3 + 1

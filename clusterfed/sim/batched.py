@@ -23,6 +23,8 @@ from clusterfed.client.work import IGNORE_INDEX, chunk_rows
 from clusterfed.models.flat import FlatModel
 
 Data = tuple[torch.Tensor, torch.Tensor]
+# Samples a model at least, per vmap call over many models.
+MIN_ROWS = 256
 
 
 def _row_sums(per_target: torch.Tensor) -> torch.Tensor:
@@ -101,22 +103,29 @@ def evaluate_models(model: FlatModel, stacked: torch.Tensor, x: torch.Tensor, y:
                     rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(losses, accuracies) of each of k models (rows of `stacked`) on one client's (x, y).
 
-    One vmap over the models per chunk of data; a chunk holds about `rows` samples in total
-    over the k models (default: the sequential chunk), so memory stays that of one chunk.
+    One vmap per chunk of models and chunk of data; a call holds about `rows` samples in all
+    (default: the sequential chunk), so memory stays that of one chunk. The models go in
+    chunks small enough that each call still sees MIN_ROWS samples a model: with k in the
+    thousands (LCFL's all-pairs exchange), one image per call would cost a call per image.
     """
     k = stacked.shape[0]
+    budget = rows or chunk_rows(y)
+    per_call = max(1, budget // MIN_ROWS)
     loss_sum = torch.zeros(k, dtype=torch.float64, device=stacked.device)
     correct = torch.zeros(k, dtype=torch.float64, device=stacked.device)
-    if len(y):
-        rows = max(1, (rows or chunk_rows(y)) // k)
-        forward = vmap(model, in_dims=(0, None))
-        for start in range(0, len(y), rows):
-            target = y[start:start + rows]
-            logits = forward(stacked, x[start:start + rows])   # (k, rows, classes, ...)
-            expanded = target.expand(k, *target.shape)
+    forward = vmap(model, in_dims=(0, None))
+    for first in range(0, k if len(y) else 0, per_call):
+        part = stacked[first:first + per_call]
+        m = part.shape[0]
+        step = max(1, budget // m)
+        for start in range(0, len(y), step):
+            target = y[start:start + step]
+            logits = forward(part, x[start:start + step])   # (m, rows, classes, ...)
+            expanded = target.expand(m, *target.shape)
             per = F.cross_entropy(logits.flatten(0, 1), expanded.flatten(0, 1),
-                                  reduction="none").reshape(k, -1)
-            loss_sum += per.sum(1).double()
-            correct += (logits.argmax(2) == expanded).reshape(k, -1).sum(1).double()
+                                  reduction="none").reshape(m, -1)
+            loss_sum[first:first + m] += per.sum(1).double()
+            correct[first:first + m] += (logits.argmax(2) == expanded).reshape(m, -1).sum(1
+                                                                                     ).double()
     scored = float(max(int((y != IGNORE_INDEX).sum()), 1))
     return loss_sum.cpu().numpy() / scored, correct.cpu().numpy() / scored

@@ -214,6 +214,7 @@ class VectorisedExecutor(SequentialExecutor):
         self.max_clients = max_clients
         self.obstacle = module_obstacle(model.module)
         self._noticed: set[str] = set()
+        self._uploaded: tuple[np.ndarray, torch.Tensor] | None = None
         if self.obstacle:
             self._notice(self.obstacle)
 
@@ -241,6 +242,7 @@ class VectorisedExecutor(SequentialExecutor):
                 results[i] = self._many_models(task)
             else:
                 sequential.append(i)   # one model: nothing to vectorise over
+        self._uploaded = None   # shared only within one call: arrays may change in between
         for (spec, _), members in groups.items():
             size = self._clients_per_call(spec)
             for start in range(0, len(members), size):
@@ -268,7 +270,10 @@ class VectorisedExecutor(SequentialExecutor):
         return max(1, int(budget // per_client))
 
     def _params(self, task: ClientTask) -> np.ndarray:
-        return task.params if self.transform is None else self.transform.inverse(task.params)
+        return self._params_of(task.params)
+
+    def _params_of(self, params: np.ndarray) -> np.ndarray:
+        return params if self.transform is None else self.transform.inverse(params)
 
     def _train_group(self, tasks: Sequence[ClientTask], spec: TrainSpec, round_index: int,
                      step: int) -> list[ClientResult]:
@@ -295,9 +300,16 @@ class VectorisedExecutor(SequentialExecutor):
                                     meta={**t.meta, "local_steps": steps}))
         return out
 
+    def _stack(self, params: np.ndarray) -> torch.Tensor:
+        """The (k, d) models on the device, uploaded once while the tasks share one array
+        (LCFL sends every client the same M warm-up models)."""
+        if self._uploaded is None or self._uploaded[0] is not params:
+            self._uploaded = (params, torch.as_tensor(self._params_of(params)).to(self.device))
+        return self._uploaded[1]
+
     def _many_models(self, task: ClientTask) -> ClientResult:
-        """LOSSES (training data) or EVALUATE (test data) of k models in one vmap."""
-        w = torch.as_tensor(self._params(task)).to(self.device)
+        """LOSSES (training data) or EVALUATE (test data) of k models, vmapped by chunks."""
+        w = self._stack(task.params)
         if task.kind is TaskKind.LOSSES:
             began = time.perf_counter()
             x, y = self.train[task.client]
