@@ -83,18 +83,18 @@ def test_rotmnist_small_builds_its_four_rotations(shared_data: Path) -> None:
 
 
 def test_ablation_compare_runs_under_labels(shared_data: Path, tmp_path: Path) -> None:
-    """Two rounds of the small ablation on a cut-down federation: three labelled runs."""
+    """Two rounds of the small ablation (the preset's 2 warm-up rounds, 3 epochs instead of
+    10) on 8 clients: three labelled runs, and each metric recovers the 4 rotations."""
     config = cfg.resolve("lcfl-ablation-rotmnist-small", [
-        f"data.root={shared_data}", "scenario.clients=8", "scenario.samples_per_client=20",
-        "scenario.test_samples_per_client=5", "train.rounds=2", "train.local_epochs=1",
-        "run.progress=false", "run.checkpoint_every=0"])
-    config = cfg.merge(config, {"compare": {"algorithms": [
-        {**s, "warmup_rounds": 1} for s in config["compare"]["algorithms"]]}})
+        f"data.root={shared_data}", "scenario.clients=8", "scenario.test_samples_per_client=5",
+        "train.rounds=2", "train.local_epochs=3", "run.progress=false",
+        "run.checkpoint_every=0", "run.threads=1"])
     result = compare(config, tmp_path)
     assert result["algorithms"] == ["lcfl", "lcfl-diffnorm", "lcfl-gradcos"]
     for label in result["algorithms"]:
         summary = result["summaries"][label]
-        assert summary["algorithm"] == "lcfl" and summary["clustering"]["n_clusters"] == 4
+        assert summary["algorithm"] == "lcfl"
+        assert summary["clustering"]["ari"] == 1.0, (label, summary["clustering"])
         assert (tmp_path / label / "events.jsonl").exists()
 
 

@@ -232,13 +232,21 @@ def test_bad_options_raise_clear_errors(options, message):
 
 
 def test_eval_also_cluster_records_the_cluster_model_protocol():
-    summary = run_config(groups_config({"beta": 20.0},
-                                       eval={"protocol": "local", "also_cluster": True},
-                                       train={"rounds": 2}))
-    final = summary["final"]
-    assert 0.0 <= final["cluster_mean_accuracy"] <= 1.0
-    assert len(final["cluster_per_client_accuracy"]) == 8
-    assert final["cluster_mean_accuracy"] != final["mean_accuracy"]
+    sim = Simulation(groups_config({"beta": 20.0},
+                                   eval={"protocol": "local", "also_cluster": True},
+                                   train={"rounds": 2}))
+    final = sim.run()["final"]
+    view = sim.algorithm.clusters(sim.state)
+    for c in range(8):
+        # Each client's own last trained model (or its cluster's if it never trained), and its
+        # cluster's model, scored on its test data.
+        own = sim.own_models.get(c, view.models[view.assignment[c]])
+        assert final["per_client_accuracy"][c] == pytest.approx(
+            sim.executor.evaluate(own, [c])[0, 1], abs=1e-6)
+        assert final["cluster_per_client_accuracy"][c] == pytest.approx(
+            sim.executor.evaluate(view.models[view.assignment[c]], [c])[0, 1], abs=1e-6)
+    assert final["cluster_mean_accuracy"] == pytest.approx(
+        np.mean(final["cluster_per_client_accuracy"]), abs=1e-6)
 
 
 PACFL_PRESETS = [n for n in cfg.preset_names() if n.startswith("pacfl-")]
