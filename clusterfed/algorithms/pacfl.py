@@ -85,6 +85,7 @@ class PACFL:
     measure: str = "min_pair"            # or principal_min / ordered_sum / principal_sum
     absolute: bool = True                # min_pair without |.|: the authors' code
     p: int = 3                           # singular vectors per block
+    budget: int | None = None            # per class: share this many by the code's Dir rule
     signature: str = "per_class"         # or "whole": one SVD of all the client's data
     center: bool = False                 # subtract each block's mean sample first
     mean: Sequence[float] | None = None  # per-channel normalisation before the SVD (MIX-4)
@@ -115,6 +116,9 @@ class PACFL:
             raise ValueError(f"n_clusters must be at least 1, got {self.n_clusters}")
         if self.p < 1:
             raise ValueError(f"p must be at least 1, got {self.p}")
+        if self.budget is not None and (self.budget < 1 or self.signature != "per_class"):
+            raise ValueError("budget shares vectors among classes: a positive count, with "
+                             "signature: per_class")
         if self.measure == "ordered_sum" and self.signature == "per_class":
             raise ValueError("measure ordered_sum (Eq. 3) pairs vectors in identical order, "
                              "which per-class stacks do not share: use signature: whole or "
@@ -155,6 +159,8 @@ class PACFL:
         meta: dict[str, int | float | str] = {
             "p": self.p, "per_class": int(self.signature == "per_class"),
             "center": int(self.center), "svd": self.svd, "seed": state.seed}
+        if self.budget is not None:
+            meta["budget"] = self.budget
         for key in ("mean", "std"):
             values = getattr(self, key)
             if values is not None:

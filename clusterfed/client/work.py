@@ -261,13 +261,15 @@ def _floats(text: object) -> list[float] | None:
 def signature_result(task: ClientTask, x: torch.Tensor, y: torch.Tensor) -> ClientResult:
     """PACFL's data signature; only U and its column labels leave the client.
 
-    meta: p, per_class (0/1), center (0/1), mean and std ('m1,m2,...'), svd, seed.
+    meta: p, per_class (0/1), center (0/1), mean and std ('m1,m2,...'), svd, seed,
+    budget (optional).
     """
     meta = task.meta
     u, labels = client_signature(
         x.numpy(), y.numpy(), p=int(meta.get("p", 3)), per_class=bool(meta.get("per_class", 1)),
         center=bool(meta.get("center", 0)), mean=_floats(meta.get("mean")),
         std=_floats(meta.get("std")), svd=str(meta.get("svd", "auto")),
-        seed=int(meta.get("seed", 0)))
+        seed=int(meta.get("seed", 0)),
+        budget=int(meta["budget"]) if meta.get("budget") is not None else None)
     return ClientResult(task.client, task.kind, len(y), signature=u.astype(np.float32),
                         signature_labels=labels, meta=task.meta)

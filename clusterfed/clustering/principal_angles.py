@@ -92,14 +92,32 @@ def top_left_singular_vectors(data: np.ndarray, p: int, method: str = "auto",
     return u * np.sign(u[peak, np.arange(u.shape[1])])
 
 
+def budget_allocation(counts: np.ndarray, budget: int) -> np.ndarray:
+    """The PACFL code's Dirichlet scheme (spec 2.1): `budget` singular vectors shared among a
+    client's classes. A class holding at least 1/(classes) + 0.05 of the samples weighs its
+    raw count, any other its share, so dominant classes take nearly all vectors; the shares
+    of `budget` are rounded by largest remainders to sum to `budget`."""
+    counts = np.asarray(counts, dtype=np.float64)
+    ratio = counts / counts.sum()
+    weights = np.where(ratio >= 1.0 / len(counts) + 0.05, counts, ratio)
+    shares = weights / weights.sum() * budget
+    alloc = np.floor(shares).astype(np.int64)
+    remainder = np.argsort(-(shares - alloc), kind="stable")[:budget - int(alloc.sum())]
+    alloc[remainder] += 1
+    return alloc
+
+
 def client_signature(x: np.ndarray, y: np.ndarray | None = None, *, p: int = 3,
                      per_class: bool = True, center: bool = False,
                      mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
-                     svd: str = "auto", seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                     svd: str = "auto", seed: int = 0, budget: int | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
     """A client's signature: (U (d x c), the label of each column).
 
     `per_class`: one truncated SVD per class held, blocks stacked in ascending label order
-    (the authors' code for label skew); else one SVD of all the data (MIX-4). `mean`/`std`
+    (the authors' code for label skew); else one SVD of all the data (MIX-4). `budget`
+    (per-class only): the classes share that many vectors by `budget_allocation` instead of p
+    each, a class given none is left out (the code's Dirichlet runs). `mean`/`std`
     normalise each channel first (the code's MIX-4 tensors); `center` subtracts each block's
     mean sample (off in the paper's code). Positive scaling of the data never changes U.
     """
@@ -122,12 +140,17 @@ def client_signature(x: np.ndarray, y: np.ndarray | None = None, *, p: int = 3,
         blocks = [flat[np.asarray(y) == c] for c in labels]
     else:
         labels, blocks = np.array([-1]), [flat]
+    sizes = [p] * len(blocks)
+    if budget is not None and per_class:
+        sizes = budget_allocation(np.array([len(b) for b in blocks]), budget).tolist()
     columns, column_labels = [], []
-    for label, block in zip(labels, blocks, strict=True):
+    for label, block, size in zip(labels, blocks, sizes, strict=True):
+        if size == 0:
+            continue
         data = block.T  # features x samples
         if center:
             data = data - data.mean(axis=1, keepdims=True)
-        u = top_left_singular_vectors(data, p, svd, seed)
+        u = top_left_singular_vectors(data, size, svd, seed)
         columns.append(u)
         column_labels.append(np.full(u.shape[1], int(label), dtype=np.int64))
     return np.hstack(columns), np.concatenate(column_labels)
