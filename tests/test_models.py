@@ -185,3 +185,29 @@ def test_unknown_option_is_named(name):
 def test_bad_shapes_and_sizes_are_config_errors(name, input_shape, options):
     with pytest.raises(ConfigError, match=name if not options else next(iter(options))):
         build_model(name, input_shape, 10, **options)
+
+
+def test_normalize_puts_the_papers_input_normalisation_in_front_of_any_model():
+    # The PACFL code's Fashion-MNIST transform, (x - 0.1307) / 0.3081, on inputs in [0, 1].
+    plain = build_model("lenet5", (1, 28, 28), 10)
+    normed = build_model("lenet5", (1, 28, 28), 10,
+                         normalize={"mean": [0.1307], "std": [0.3081]})
+    normed[1].load_state_dict(plain.state_dict())
+    x = torch.rand(4, 1, 28, 28)
+    torch.testing.assert_close(normed(x), plain((x - 0.1307) / 0.3081))
+    # Same parameters, no buffers: flat vectors and vmap work as without it.
+    assert FlatModel(normed).size == FlatModel(plain).size and not list(normed.buffers())
+    flat = FlatModel(normed)
+    w = flat.initial_vector()
+    with torch.no_grad():
+        torch.testing.assert_close(vmap(flat, in_dims=(0, None))(torch.stack([w, w]), x)[1],
+                                   flat(w, x))
+    three = build_model("mlp", (3, 2, 2), 4, normalize={"mean": [0.5, 0.4, 0.3],
+                                                        "std": [0.2, 0.1, 0.4]})
+    y = torch.rand(2, 3, 2, 2)
+    expected = (y - torch.tensor([0.5, 0.4, 0.3]).view(1, 3, 1, 1)) / torch.tensor(
+        [0.2, 0.1, 0.4]).view(1, 3, 1, 1)
+    torch.testing.assert_close(three(y), three[1](expected))
+    for bad in ({"mean": [0.1]}, {"mean": [0.1], "std": [0.0]}, [0.1, 0.3]):
+        with pytest.raises(ConfigError, match="normalize"):
+            build_model("mlp", (1, 2, 2), 4, normalize=bad)

@@ -844,3 +844,24 @@ def test_materialised_digits_values_stay_in_range() -> None:
                                     "labels": {"kind": "shards"}}, 0)
     for c in fed.clients:
         assert c.train_x.dtype == np.float32 and 0 <= c.train_x.min() and c.train_x.max() <= 1
+
+
+def test_mix_normalize_uses_each_sources_constants_from_the_pacfl_code() -> None:
+    from clusterfed.data.transforms import AUTHORS_NORMALISATION
+    names = ["usps", "cifar10", "svhn", "fashion_mnist"]
+    data = tagged(n_groups=4, meta={"groups": names})
+    scenario = {"kind": "mix", "clients": 4, "clusters": 4}
+    plain = build_federation(data, scenario, 0)
+    normed = build_federation(data, {**scenario, "normalize": True}, 0)
+    for i in range(4):
+        mean, std = AUTHORS_NORMALISATION[names[int(plain.true_clusters[i])]]
+        shape = (1, -1) + (1,) * (plain.clients[i].train_x.ndim - 2)
+        for split in ("train_x", "test_x"):
+            x = getattr(plain.clients[i], split)
+            expected = (x - np.reshape(mean, shape)) / np.reshape(std, shape)
+            np.testing.assert_allclose(getattr(normed.clients[i], split), expected, rtol=1e-5,
+                                       atol=1e-5)
+    assert normed.info["normalize"]["svhn"] == AUTHORS_NORMALISATION["svhn"]
+    with pytest.raises(ConfigError, match="no constants for fmnist"):
+        build_federation(tagged(n_groups=4, meta={"groups": NAMES}),
+                         {**scenario, "normalize": True}, 0)

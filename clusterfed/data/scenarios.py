@@ -72,7 +72,16 @@ import numpy as np
 
 from clusterfed.data import partition as part
 from clusterfed.data.datasets import Dataset
-from clusterfed.data.transforms import Identity, Invert, LabelMap, LabelSwap, Rotate, is_image
+from clusterfed.data.transforms import (
+    AUTHORS_NORMALISATION,
+    Identity,
+    Invert,
+    LabelMap,
+    LabelSwap,
+    Normalize,
+    Rotate,
+    is_image,
+)
 from clusterfed.errors import ConfigError
 from clusterfed.registry import Registry, accepted_keys, check_keys
 
@@ -885,27 +894,40 @@ def _group_pools(dataset: Dataset, assign: Assignment, groups: Sequence[int] | N
 
 def _grouped(dataset: Dataset, assign: Assignment, rng: np.random.Generator,
              groups: Sequence[int] | None, labels: Mapping[str, Any] | None, kind: str, *,
-             labels_as_groups: bool) -> ScenarioPlan:
-    """Cluster j draws from pool `groups[j]` (a source dataset, a topic), untransformed."""
+             labels_as_groups: bool, normalize: bool = False) -> ScenarioPlan:
+    """Cluster j draws from pool `groups[j]` (a source dataset, a topic), untransformed, or
+    normalised by its source's constants in the PACFL code."""
     partition, spec = label_partition(labels)
     pools, info = _group_pools(dataset, assign, groups, kind, labels_as_groups=labels_as_groups)
     train, test, more = fill(dataset, assign, rng, pools, partition)
-    return _plan(assign, train, test, lambda _: Identity(), {**more, **info,
-                                                              **_labels_info(spec)})
+    transforms: list[Transform] = [Identity()] * assign.clusters
+    if normalize:
+        names = info.get("group_names", [])
+        unknown = sorted(set(names) - set(AUTHORS_NORMALISATION)) or (
+            [] if names else ["(unnamed groups)"])
+        if unknown:
+            raise ConfigError(f"scenario.normalize: no constants for {', '.join(unknown)}; "
+                              f"known: {', '.join(sorted(AUTHORS_NORMALISATION))}")
+        transforms = [Normalize(*AUTHORS_NORMALISATION[name]) for name in names]
+        info["normalize"] = {name: AUTHORS_NORMALISATION[name] for name in names}
+    return _plan(assign, train, test, lambda j: transforms[j], {**more, **info,
+                                                                 **_labels_info(spec)})
 
 
 @SCENARIOS.register("mix")
 def mix(dataset: Dataset, *, assign: Assignment, rng: np.random.Generator,
-        groups: Sequence[int] | None = None, labels: Mapping[str, Any] | None = None
-        ) -> ScenarioPlan:
+        groups: Sequence[int] | None = None, labels: Mapping[str, Any] | None = None,
+        normalize: bool = False) -> ScenarioPlan:
     """One source dataset per cluster (PACFL MIX-4): cluster j's clients share group j.
 
     Needs a dataset with groups (e.g. MIX-4's source id). MIX-4's 500 samples per client, 50
     per class is `samples_per_client: 500, labels: {kind: label_skew, label_fraction: 1.0}`;
     its test set, the source's whole test split, is `test: all`; its client counts
-    14/32/26/28 are `clients_per_cluster`.
+    14/32/26/28 are `clients_per_cluster`. `normalize: true` normalises each source's images
+    by its per-channel constants in the PACFL code (training and signatures alike, as there).
     """
-    return _grouped(dataset, assign, rng, groups, labels, "mix", labels_as_groups=False)
+    return _grouped(dataset, assign, rng, groups, labels, "mix", labels_as_groups=False,
+                    normalize=bool(normalize))
 
 
 @SCENARIOS.register("topics")

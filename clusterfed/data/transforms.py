@@ -95,3 +95,34 @@ class Invert:
 def is_image(x: np.ndarray) -> bool:
     """Images are (N, [C,] H, W) of uint8 or floats; integer token ids are not."""
     return x.ndim >= 3 and (x.dtype == np.uint8 or np.issubdtype(x.dtype, np.floating))
+
+
+# Per-channel (mean, std) of each source in the PACFL authors' code (spec pacfl.md 4.1).
+AUTHORS_NORMALISATION: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
+    "cifar100": ((0.507, 0.487, 0.441), (0.267, 0.256, 0.276)),
+    "svhn": ((0.4376821, 0.4437697, 0.47280442), (0.19803012, 0.20101562, 0.19703614)),
+    "fashion_mnist": ((0.1307,), (0.3081,)),
+    "usps": ((0.1307,), (0.3081,)),
+}
+
+
+@dataclass(frozen=True)
+class Normalize:
+    """Images -> float32 (x / 255 for uint8) - mean, / std per channel; a one-value mean or
+    std covers every channel (a grayscale source repeated to 3 channels, as in MIX-4)."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def apply_x(self, x: np.ndarray) -> np.ndarray:
+        if not is_image(x):
+            return x
+        scaled = x.astype(np.float32) / 255.0 if x.dtype == np.uint8 else x.astype(np.float32)
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        mean = np.asarray(self.mean, dtype=np.float32).reshape(shape)
+        std = np.asarray(self.std, dtype=np.float32).reshape(shape)
+        return (scaled - mean) / std
+
+    def apply_y(self, y: np.ndarray) -> np.ndarray:
+        return y

@@ -6,6 +6,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 
 from clusterfed.errors import ConfigError
@@ -17,12 +18,43 @@ MODELS: Registry[ModelFactory] = Registry("model")
 
 def build_model(name: str, input_shape: tuple[int, ...], n_classes: int, **options: Any
                 ) -> nn.Module:
-    """A registered model by name, or a user's factory given as 'package.module:function'."""
+    """A registered model by name, or a user's factory given as 'package.module:function'.
+
+    `normalize: {mean: [...], std: [...]}` (any model) puts a per-channel (x - mean) / std in
+    front of it: the papers' code normalises its training tensors while the data here stay
+    in [0, 1] (PACFL's signatures are taken from the raw pixels, as its code does).
+    """
+    normalize = options.pop("normalize", None)
     factory = import_factory(name) if ":" in name else MODELS.get(name)
     allowed = accepted_keys(factory)
     check_keys("model", options, None if allowed is None else allowed - {"input_shape",
                                                                           "n_classes"})
-    return factory(input_shape=input_shape, n_classes=n_classes, **options)
+    module = factory(input_shape=input_shape, n_classes=n_classes, **options)
+    if normalize is None:
+        return module
+    if not isinstance(normalize, dict) or set(normalize) != {"mean", "std"}:
+        raise ConfigError(f"model.normalize must be {{mean: [...], std: [...]}}, got "
+                          f"{normalize!r}")
+    return nn.Sequential(InputNormalize(normalize["mean"], normalize["std"]), module)
+
+
+class InputNormalize(nn.Module):
+    """(x - mean) / std per channel of (N, C, ...) inputs. Constants, not buffers: the model
+    stays a pure function of its parameters (FlatModel, vmap)."""
+
+    def __init__(self, mean: Any, std: Any) -> None:
+        super().__init__()
+        self.mean = [float(v) for v in (mean if isinstance(mean, list | tuple) else [mean])]
+        self.std = [float(v) for v in (std if isinstance(std, list | tuple) else [std])]
+        if len(self.mean) != len(self.std) or not all(v > 0 for v in self.std):
+            raise ConfigError(f"model.normalize: one positive std per mean, got mean "
+                              f"{self.mean} and std {self.std}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = (1, len(self.mean)) + (1,) * (x.dim() - 2)
+        mean = torch.tensor(self.mean, dtype=x.dtype, device=x.device).reshape(shape)
+        std = torch.tensor(self.std, dtype=x.dtype, device=x.device).reshape(shape)
+        return (x - mean) / std
 
 
 def import_factory(path: str) -> ModelFactory:
