@@ -17,16 +17,20 @@ from clusterfed.sim.simulation import run_config
 pytestmark = [pytest.mark.reproduction, pytest.mark.shared_data]
 
 
-def test_label_skew_20_pacfl_beats_fedavg_by_ten_points(shared_data: Path, tmp_path: Path):
-    """Table 1, FMNIST: PACFL's mean local accuracy (each client's own model after its last
-    local training) beats FedAvg's (its global model, as the paper's FedAvg row) by >= 10
-    points after the -small budget (measured: 90.18 against 51.18)."""
-    config = cfg.resolve("pacfl-labelskew20-fmnist-small", ["run.progress=false",
-                                                           "run.threads=1"])
+def test_label_skew_20_pacfl_cluster_models_beat_the_global_model(shared_data: Path,
+                                                                   tmp_path: Path):
+    """Table 1 / Fig. 2, FMNIST, protocol against protocol: PACFL's cluster models at the
+    authors' beta 3.5 serve their clients better than FedAvg's global model serves them, by
+    >= 5 points after the -small budget (measured: 62.55 against 51.18; docs/reproductions/
+    pacfl.md). Comparing PACFL's own models with FedAvg's global model, as the paper's table
+    does, would pass for FedAvg itself (its own models score 89.68)."""
+    config = cfg.resolve("pacfl-labelskew20-fmnist-small", [
+        "run.progress=false", "run.threads=1", "algorithm.n_clusters=null", "algorithm.beta=3.5"])
     result = compare(config, tmp_path, ["fedavg", "pacfl"], data_dir=str(shared_data))
-    pacfl = result["summaries"]["pacfl"]["final"]
+    pacfl = result["summaries"]["pacfl"]
     fedavg = result["summaries"]["fedavg"]["final"]
-    assert pacfl["mean_accuracy"] >= fedavg["cluster_mean_accuracy"] + 0.10
+    assert pacfl["clustering"]["n_clusters"] > 2
+    assert pacfl["final"]["cluster_mean_accuracy"] >= fedavg["cluster_mean_accuracy"] + 0.05
 
 
 def test_newcomers_get_a_model_as_good_as_the_old_clients(shared_data: Path, tmp_path: Path):
