@@ -46,7 +46,7 @@ benchmark: $(VENV)/.installed
 	$(BIN)/clusterfed benchmark --out runs/benchmark run.threads=1
 
 reproduce: $(VENV)/.installed
-	$(BIN)/clusterfed run $(PRESET) --out runs/reproduce-$(PRESET)
+	$(BIN)/clusterfed reproduce $(PRESET) --out runs/reproduce-$(PRESET)
 
 reproduce-tests: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -m reproduction

@@ -116,6 +116,33 @@ def sweep(source: str, overrides: tuple[str, ...], out: str | None, data_dir: st
     click.echo(f"table: {folder / 'table.md'}")
 
 
+@main.command()
+@click.argument("source")
+@click.argument("overrides", nargs=-1)
+@click.option("--algorithms", help="Comma-separated labels (default: the preset's "
+              "reproduce.algorithms, else its compare list).")
+@click.option("--seeds", help="Comma-separated seeds (default: reproduce.seeds, else 0,1,2).")
+@click.option("--out", help="Folder (default runs/reproduce-NAME); rerunning into it keeps "
+              "finished runs and resumes cut-off ones.")
+@click.option("--data-dir", help="Data root (default $CLUSTERFED_DATA or the user cache).")
+def reproduce(source: str, overrides: tuple[str, ...], algorithms: str | None,
+              seeds: str | None, out: str | None, data_dir: str | None) -> None:
+    """Run a paper preset over its seeds: mean ± std beside the paper's figures, a verdict."""
+    from clusterfed.experiments import reproduce as rep
+
+    name, config = _resolve(source, overrides, data_dir)
+    try:
+        seed_list = [int(s) for s in _names(seeds, [])] or None
+    except ValueError as err:
+        raise ClusterfedError(f"--seeds takes whole numbers: {seeds}") from err
+    folder = Path(out or f"runs/reproduce-{name}")
+    result = rep.reproduce(config, folder, names=_names(algorithms, []) or None,
+                           seeds=seed_list, data_dir=data_dir,
+                           progress=lambda line: click.echo(line, err=True))
+    click.echo(rep.markdown(result), nl=False)
+    click.echo(f"table: {folder / 'reproduce.md'}")
+
+
 def _names(option: str | None, default: Sequence[Any]) -> list[Any]:
     return [a.strip() for a in option.split(",") if a.strip()] if option else list(default)
 

@@ -52,6 +52,8 @@ DEFAULTS: dict[str, Any] = {
     "compare": {"algorithms": []},
     # `clusterfed sweep`: dotted keys -> value lists (see clusterfed/experiments/sweep.py).
     "sweep": {},
+    # `clusterfed reproduce`: seeds, algorithms and the paper's figures (experiments/reproduce.py).
+    "reproduce": {},
 }
 
 # Sections whose keys are fixed here; the others also take their kind's own keys.

@@ -1,0 +1,201 @@
+"""`reproduce`: a paper preset over its seeds, every listed algorithm, one table beside the paper.
+
+A preset's `reproduce` section says what the paper reported:
+
+    reproduce:
+      seeds: [0, 1, 2]                 # default [0, 1, 2]
+      algorithms: [fedavg, pacfl]      # default: compare.algorithms, else the preset's algorithm
+      paper:                           # label -> [mean, std] in %, or a mean alone
+        pacfl: [97.54, 0.08]
+        fedavg: [77.3, 4.9]
+      paper_protocol: {fedavg: cluster}   # which figure the paper's number is, per label:
+                                          # "own" (eval.protocol's own-model figure) or
+                                          # "cluster" (the served model, eval.also_cluster)
+
+Every (algorithm, seed) runs in its own folder `LABEL/seed-S`: a finished run (summary.json) is
+read back, a cut-off one resumes from its checkpoint, so the command can be rerun until done.
+The table gives mean +- std over the seeds of each protocol's figure, ARI, clusters and wall
+time, and a verdict: "within" when the paper's mean +- std and ours overlap, else how far above
+or below the paper's error bar our mean lies.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from clusterfed import config as cfg
+from clusterfed.errors import ConfigError
+from clusterfed.experiments.compare import algorithm_sections
+from clusterfed.sim.outputs import read_config
+from clusterfed.sim.simulation import build_federation_for, resume_run, run_config
+
+REPRODUCE_KEYS = {"seeds", "algorithms", "paper", "paper_protocol"}
+PROTOCOLS = ("own", "cluster")
+
+
+def check_reproduce(section: Mapping[str, Any]) -> None:
+    unknown = set(section) - REPRODUCE_KEYS
+    if unknown:
+        raise ConfigError(f"reproduce: unknown keys {sorted(unknown)}; valid: "
+                          f"{sorted(REPRODUCE_KEYS)}")
+    seeds = section.get("seeds", [0, 1, 2])
+    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise ConfigError(f"reproduce.seeds must be a non-empty list of whole numbers, got "
+                          f"{seeds!r}")
+    for label, figure in dict(section.get("paper", {})).items():
+        paper_figure(label, figure)
+    for label, protocol in dict(section.get("paper_protocol", {})).items():
+        if protocol not in PROTOCOLS:
+            raise ConfigError(f"reproduce.paper_protocol.{label} must be one of "
+                              f"{', '.join(PROTOCOLS)}, got {protocol!r}")
+
+
+def paper_figure(label: str, figure: Any) -> tuple[float, float]:
+    """[mean, std] or a mean alone (std 0), in %."""
+    values = figure if isinstance(figure, list | tuple) else [figure]
+    if not 1 <= len(values) <= 2 or not all(isinstance(v, int | float) for v in values):
+        raise ConfigError(f"reproduce.paper.{label} must be a mean or [mean, std] in %, got "
+                          f"{figure!r}")
+    return float(values[0]), float(values[1]) if len(values) == 2 else 0.0
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value); NaNs left out."""
+    a = np.asarray([v for v in values if v == v], dtype=np.float64)
+    if len(a) == 0:
+        return float("nan"), float("nan")
+    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+
+
+def verdict(paper: tuple[float, float], ours: tuple[float, float]) -> str:
+    """Overlap of the two error bars (in %), else the distance from the paper's bar."""
+    (p, p_std), (m, m_std) = paper, ours
+    if m != m:
+        return "not measured"
+    if abs(m - p) <= p_std + m_std:
+        return "within the paper's error bars"
+    gap = abs(m - p) - p_std
+    return f"{'below' if m < p else 'above'} by {gap:.2f} points"
+
+
+def runs_of(config: Mapping[str, Any], names: Sequence[str] | None = None
+            ) -> list[tuple[str, dict[str, Any]]]:
+    """(label, algorithm section) of each algorithm to reproduce."""
+    section = config.get("reproduce", {})
+    listed = names or section.get("algorithms")
+    if listed is None and not config["compare"]["algorithms"]:
+        return [(str(config["algorithm"]["name"]), dict(config["algorithm"]))]
+    sections = algorithm_sections(config, [str(n) for n in listed] if listed else None)
+    return [(str(s.pop("label", s["name"])), s) for s in sections]
+
+
+# What makes two runs the same run: a folder holding another one is refused, not reused.
+IDENTITY = ("seed", "data", "scenario", "model", "train", "algorithm")
+
+
+def _run_one(config: Mapping[str, Any], folder: Path, federation: Any,
+             data_dir: str | None) -> dict[str, Any]:
+    """A finished run's summary, a cut-off one resumed, or a new run."""
+    if (folder / "config.yaml").exists():
+        held = read_config(folder)
+        differs = [k for k in IDENTITY if held.get(k) != config.get(k)
+                   and not (k == "data" and _same_data(held[k], config[k]))]
+        if differs:
+            raise ConfigError(f"{folder} holds a run of another config ({', '.join(differs)} "
+                              f"differ): choose another --out")
+    if (folder / "summary.json").exists():
+        return json.loads((folder / "summary.json").read_text())
+    if (folder / "checkpoint.npz").exists():
+        return resume_run(folder, data_dir=data_dir)
+    return run_config(config, folder, federation=federation)
+
+
+def _same_data(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """The data section up to where the files are read from."""
+    return {k: v for k, v in a.items() if k != "root"} == {
+        k: v for k, v in b.items() if k != "root"}
+
+
+def figures(summary: Mapping[str, Any]) -> dict[str, float]:
+    final = summary["final"]
+    return {"own": 100 * float(final["mean_accuracy"]),
+            "cluster": 100 * float(final.get("cluster_mean_accuracy", float("nan"))),
+            "ari": float(summary["clustering"]["ari"]),
+            "clusters": float(summary["clustering"]["n_clusters"]),
+            "seconds": float(summary.get("wall_seconds", float("nan")))}
+
+
+def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
+              names: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
+              data_dir: str | None = None,
+              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run every (algorithm, seed); write reproduce.json and reproduce.md; return the result."""
+    section = dict(config.get("reproduce", {}))
+    check_reproduce(section)
+    seed_list = list(seeds if seeds is not None else section.get("seeds", [0, 1, 2]))
+    runs = runs_of(config, names)
+    out = Path(out_dir)
+    measured: dict[str, list[dict[str, float]]] = {label: [] for label, _ in runs}
+    for seed in seed_list:
+        seeded = cfg.merge(dict(config), {"seed": int(seed)})
+        federation = build_federation_for(seeded, data_dir)   # one federation per seed
+        for label, algorithm in runs:
+            folder = out / label / f"seed-{seed}"
+            run_cfg = cfg.merge(seeded, {"algorithm": algorithm})
+            summary = _run_one(run_cfg, folder, federation, data_dir)
+            measured[label].append(figures(summary))
+            if progress is not None:
+                f = measured[label][-1]
+                progress(f"{label} seed {seed}: {f['own']:.2f} % (own), "
+                         f"{f['cluster']:.2f} % (cluster), {int(f['clusters'])} clusters, "
+                         f"{f['seconds']:.0f} s")
+    result = summarise(config, measured, seed_list)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(cfg.dump(config))
+    (out / "reproduce.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "reproduce.md").write_text(markdown(result))
+    return result
+
+
+def summarise(config: Mapping[str, Any], measured: Mapping[str, Sequence[Mapping[str, float]]],
+              seeds: Sequence[int]) -> dict[str, Any]:
+    section = config.get("reproduce", {})
+    paper = {k: paper_figure(k, v) for k, v in dict(section.get("paper", {})).items()}
+    protocol_of = dict(section.get("paper_protocol", {}))
+    rows = []
+    for label, runs in measured.items():
+        stats = {key: mean_std([r[key] for r in runs])
+                 for key in ("own", "cluster", "ari", "clusters", "seconds")}
+        row: dict[str, Any] = {"label": label, **stats, "runs": list(runs)}
+        if label in paper:
+            protocol = protocol_of.get(label, "own")
+            row.update(paper=paper[label], paper_protocol=protocol,
+                       verdict=verdict(paper[label], stats[protocol]))
+        rows.append(row)
+    return {"seeds": list(seeds), "eval_protocol": config["eval"]["protocol"], "rows": rows}
+
+
+def _pm(pair: Sequence[float], digits: int = 2) -> str:
+    mean, std = pair
+    return "-" if mean != mean else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def markdown(result: Mapping[str, Any]) -> str:
+    """The page's table: the paper's figure, both protocols, clusters and the verdict."""
+    lines = [f"Seeds {', '.join(str(s) for s in result['seeds'])}; mean ± std in %. `own`: "
+             f"the `{result['eval_protocol']}` protocol's figure (each client's own model "
+             f"where the protocol is `local`); `cluster`: each client's served model. The "
+             f"verdict compares the paper's figure with ours under the protocol named.", "",
+             "| algorithm | paper | own | cluster | ARI | clusters | seconds | verdict |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for row in result["rows"]:
+        paper = (f"{_pm(row['paper'])} ({row['paper_protocol']})" if "paper" in row else "")
+        lines.append(f"| {row['label']} | {paper} | {_pm(row['own'])} | {_pm(row['cluster'])} "
+                     f"| {_pm(row['ari'], 3)} | {_pm(row['clusters'], 1)} | "
+                     f"{_pm(row['seconds'], 0)} | {row.get('verdict', '')} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,83 @@
+"""`clusterfed reproduce`: a preset over its seeds, the table against the paper, resuming."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import cli, tiny_config
+
+from clusterfed import config as cfg
+from clusterfed.errors import ConfigError
+from clusterfed.experiments import reproduce as rep
+
+
+def test_verdict_compares_error_bars_by_hand():
+    # Paper 97.54 +- 0.08; ours 97.30 +- 0.20: |0.24| <= 0.28, the bars overlap.
+    assert rep.verdict((97.54, 0.08), (97.30, 0.20)) == "within the paper's error bars"
+    # Ours 97.00 +- 0.30: 0.54 > 0.38; below the paper's bar (97.46) by 0.46.
+    assert rep.verdict((97.54, 0.08), (97.00, 0.30)) == "below by 0.46 points"
+    assert rep.verdict((77.3, 4.9), (89.76, 0.1)) == "above by 7.56 points"
+    assert rep.mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
+    assert rep.mean_std([4.0]) == (4.0, 0.0)
+
+
+def small(tmp_config: dict | None = None) -> dict:
+    config = tiny_config("fedavg", train={"rounds": 2}, run={"checkpoint_every": 1})
+    return cfg.merge(config, {"reproduce": {"seeds": [0, 1], "algorithms": ["fedavg", "local"],
+                                            "paper": {"fedavg": [50.0, 5.0], "local": 99.9}},
+                              **(tmp_config or {})})
+
+
+def test_runs_every_seed_and_tabulates_mean_and_std(tmp_path: Path, monkeypatch):
+    result = rep.reproduce(small(), tmp_path)
+    rows = {r["label"]: r for r in result["rows"]}
+    for label in ("fedavg", "local"):
+        own = [100 * json.loads((tmp_path / label / f"seed-{s}" / "summary.json").read_text()
+                                )["final"]["mean_accuracy"] for s in (0, 1)]
+        assert rows[label]["own"] == pytest.approx((np.mean(own), np.std(own, ddof=1)))
+    # Seeds give different federations and models.
+    assert rows["fedavg"]["runs"][0]["own"] != rows["fedavg"]["runs"][1]["own"]
+    assert rows["local"]["paper"] == (99.9, 0.0) and rows["local"]["verdict"].startswith("below")
+    text = (tmp_path / "reproduce.md").read_text()
+    assert "| fedavg | 50.00 ± 5.00 (own) |" in text
+    # Rerun: every finished run is read back, none trained again.
+    monkeypatch.setattr(rep, "run_config", lambda *a, **k: pytest.fail("ran again"))
+    again = rep.reproduce(small(), tmp_path)
+    assert rep.markdown(again) == rep.markdown(result)
+
+
+def test_a_cut_off_run_resumes_and_another_config_is_refused(tmp_path: Path, monkeypatch):
+    rep.reproduce(small(), tmp_path)
+    folder = tmp_path / "local" / "seed-1"
+    whole = json.loads((folder / "summary.json").read_text())
+    (folder / "summary.json").unlink()         # cut off after its last checkpoint
+    resumed = []
+    real = rep.resume_run
+    monkeypatch.setattr(rep, "resume_run", lambda f, **k: resumed.append(f) or real(f, **k))
+    rep.reproduce(small(), tmp_path)
+    assert resumed == [folder]
+    again = json.loads((folder / "summary.json").read_text())
+    assert again["final"] == whole["final"]
+    with pytest.raises(ConfigError, match="holds a run of another config"):
+        rep.reproduce(cfg.merge(small(), {"train": {"lr": 0.2}}), tmp_path)
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"seed": [0]}, "unknown keys"), ({"seeds": []}, "non-empty"),
+    ({"paper": {"pacfl": "97"}}, "mean or"), ({"paper_protocol": {"pacfl": "global"}}, "own")])
+def test_bad_sections_are_config_errors(section, message, tmp_path: Path):
+    with pytest.raises(ConfigError, match=message):
+        rep.reproduce(cfg.merge(tiny_config(), {"reproduce": section}), tmp_path)
+
+
+def test_command_line_writes_the_table(capsys, tmp_path: Path):
+    path = tmp_path / "p.yaml"
+    path.write_text(cfg.dump(small()))
+    code, out, err = cli(capsys, "reproduce", str(path), "--seeds", "3", "--algorithms",
+                         "fedavg", "--out", str(tmp_path / "r"))
+    assert code == 0, err
+    assert "| fedavg | 50.00 ± 5.00 (own) |" in out and "fedavg seed 3:" in err
+    assert (tmp_path / "r" / "fedavg" / "seed-3" / "summary.json").exists()
