@@ -131,10 +131,7 @@ def reproduce(source: str, overrides: tuple[str, ...], algorithms: str | None,
     from clusterfed.experiments import reproduce as rep
 
     name, config = _resolve(source, overrides, data_dir)
-    try:
-        seed_list = [int(s) for s in _names(seeds, [])] or None
-    except ValueError as err:
-        raise ClusterfedError(f"--seeds takes whole numbers: {seeds}") from err
+    seed_list = _seeds(seeds, []) or None
     folder = Path(out or f"runs/reproduce-{name}")
     result = rep.reproduce(config, folder, names=_names(algorithms, []) or None,
                            seeds=seed_list, data_dir=data_dir,
@@ -145,6 +142,13 @@ def reproduce(source: str, overrides: tuple[str, ...], algorithms: str | None,
 
 def _names(option: str | None, default: Sequence[Any]) -> list[Any]:
     return [a.strip() for a in option.split(",") if a.strip()] if option else list(default)
+
+
+def _seeds(option: str | None, default: Sequence[int]) -> list[int]:
+    try:
+        return [int(s) for s in _names(option, default)]
+    except ValueError as err:
+        raise ClusterfedError(f"--seeds takes whole numbers: {option}") from err
 
 
 @main.command()
@@ -170,10 +174,7 @@ def benchmark(overrides: tuple[str, ...], quick: bool, datasets: str | None,
 
     matrix = bench.QUICK if quick else bench.FULL
     folder = Path(out or ("runs/benchmark-quick" if quick else "runs/benchmark"))
-    try:
-        seed_list = [int(s) for s in _names(seeds, matrix["seeds"])]
-    except ValueError as err:
-        raise ClusterfedError(f"--seeds takes whole numbers: {seeds}") from err
+    seed_list = _seeds(seeds, matrix["seeds"])
     rows = bench.run_benchmark(
         folder, datasets=_names(datasets, matrix["datasets"]),
         scenarios=_names(scenarios, matrix["scenarios"]),
