@@ -1,0 +1,92 @@
+"""What the package declares: every third-party import of clusterfed/ is a dependency."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ImportError:   # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "clusterfed"
+# Import names whose distribution is named otherwise; any other name is its own distribution.
+DISTRIBUTION = {"yaml": "PyYAML", "sklearn": "scikit-learn"}
+# Modules that only the Flower runtime imports, so they may come from the `flower` extra.
+FLOWER_PART = PACKAGE / "flower"
+
+
+def normalised(name: str) -> str:
+    """A distribution name as PEP 503 compares them."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirement_name(requirement: str) -> str:
+    """'flwr[simulation]>=1.41,<1.42' -> 'flwr'."""
+    match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
+    assert match, requirement
+    return normalised(match.group(1))
+
+
+def optional_imports(tree: ast.AST) -> set[ast.AST]:
+    """Import statements inside `try: ... except ImportError`: optional, with a fallback."""
+    guarded = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(
+                isinstance(h.type, ast.Name) and h.type.id in ("ImportError",
+                                                                 "ModuleNotFoundError")
+                for h in node.handlers):
+            guarded |= {n for stmt in node.body for n in ast.walk(stmt)}
+    return guarded
+
+
+def third_party_imports(source: str) -> set[str]:
+    """Top-level names of the absolute, unguarded imports in `source`, less the standard
+    library's."""
+    tree = ast.parse(source)
+    optional = optional_imports(tree)
+    names = set()
+    for node in ast.walk(tree):
+        if node in optional:
+            continue
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return {n for n in names if n not in sys.stdlib_module_names and n != "clusterfed"}
+
+
+def test_the_scan_sees_lazy_imports_and_skips_stdlib_and_optional_ones():
+    source = ("import os, numpy.linalg\nfrom . import x\nfrom yaml import safe_load\n"
+              "def f():\n    import tomli_w\n"
+              "try:\n    import h5py\nexcept ImportError:\n    h5py = None\n")
+    assert third_party_imports(source) == {"numpy", "yaml", "tomli_w"}
+
+
+def test_every_third_party_import_is_declared_where_it_is_used():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    core = {requirement_name(r) for r in project["dependencies"]}
+    flower = core | {requirement_name(r) for r in project["optional-dependencies"]["flower"]}
+    undeclared = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        declared = flower if FLOWER_PART in path.parents else core
+        for name in sorted(third_party_imports(path.read_text())):
+            if normalised(DISTRIBUTION.get(name, name)) not in declared:
+                undeclared.append(f"{path.relative_to(REPO)}: {name}")
+    assert not undeclared, "undeclared imports: " + ", ".join(undeclared)
+
+
+def test_declared_flower_dependencies_are_pinned():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pins = {requirement_name(line.split("==")[0]) for line in
+            (REPO / "constraints.txt").read_text().splitlines()
+            if "==" in line and not line.lstrip().startswith("#")}
+    for extra in ("flower", "test"):
+        for requirement in project["optional-dependencies"][extra]:
+            assert requirement_name(requirement) in pins, requirement
