@@ -13,7 +13,7 @@ from helpers import tiny_config
 from torch import nn
 
 from clusterfed.client.privacy import ParameterTransform
-from clusterfed.client.tasks import ClientTask, TaskKind, TrainSpec
+from clusterfed.client.tasks import ClientTask, LossSpec, TaskKind, TrainSpec
 from clusterfed.client.work import evaluate
 from clusterfed.data import build_federation, load_dataset
 from clusterfed.errors import ConfigError
@@ -100,6 +100,23 @@ def test_many_models_and_mixed_tasks_equal_sequential(federation, privacy):
              ClientTask(5, TaskKind.TRAIN, w0, TrainSpec(lr=0.1, batch_size=4, steps=3,
                                                           epochs=None))]
     assert_same(seq.run(tasks, 0), vec.run(tasks, 0))
+
+
+@pytest.mark.parametrize("spec", [LossSpec(), LossSpec("train+test"),
+                                  LossSpec("train", max_samples=9)])
+def test_losses_with_a_loss_spec_are_vectorised_and_equal_sequential(federation, monkeypatch,
+                                                                     spec):
+    # LCFL's LOSSES tasks always carry a LossSpec; the subsample comes from the task's seed.
+    seq, vec, w0 = executors(federation)
+    stacked = (w0 + 0.05 * np.random.default_rng(2).standard_normal((3, len(w0)))
+               ).astype(np.float32)
+    tasks = [ClientTask(c, TaskKind.LOSSES, stacked, loss=spec) for c in (3, 0, 5)]
+    expected = seq.run(tasks, 4, 1)
+    fallback, sequential = [], SequentialExecutor.run
+    monkeypatch.setattr(SequentialExecutor, "run", lambda self, tasks, *a: fallback.extend(
+        t.client for t in tasks) or sequential(self, tasks, *a))
+    assert_same(expected, vec.run(tasks, 4, 1))
+    assert fallback == []
 
 
 def test_batched_evaluation_equals_client_by_client(federation):

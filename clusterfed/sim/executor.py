@@ -62,8 +62,7 @@ class SequentialExecutor:
             ) -> list[ClientResult]:
         results = []
         for task in tasks:
-            generator = torch.Generator().manual_seed(
-                task_seed(self.seed, round_index, step, task.client))
+            generator = self.generator(task.client, round_index, step)
             if self.transform is None:
                 results.append(run_task(self.model, task, self.train[task.client],
                                         self.test[task.client], generator, self.device))
@@ -77,6 +76,10 @@ class SequentialExecutor:
                 result = replace(result, update=self.transform.forward(result.update))
             results.append(result)
         return results
+
+    def generator(self, client: int, round_index: int, step: int) -> torch.Generator:
+        """The random source of one client's task: its batch order or loss subsample."""
+        return torch.Generator().manual_seed(task_seed(self.seed, round_index, step, client))
 
     def train_sizes(self) -> np.ndarray:
         return np.array([len(y) for _, y in self.train], dtype=np.int64)

@@ -20,7 +20,8 @@ Models with batch-norm statistics, dropout or recurrent layers, and tasks carryi
 extras this executor does not know (any non-default field beyond the plain TrainSpec, or a
 non-scalar meta value), run on the sequential path with a logged notice, as do GRADIENT
 tasks and single-model evaluations. LOSSES and EVALUATE tasks with several models run as one
-vmap over the models (`sim.batched.evaluate_models`).
+vmap over the models (`sim.batched.evaluate_models`); a LOSSES task's LossSpec picks its data
+as `client.work.loss_data` does, from the same seeded generator.
 """
 
 from __future__ import annotations
@@ -40,19 +41,18 @@ from torch.func import grad_and_value, vmap
 
 from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind, TrainSpec
-from clusterfed.client.work import IGNORE_INDEX
+from clusterfed.client.work import IGNORE_INDEX, loss_data
 from clusterfed.data.scenarios import Federation
 from clusterfed.models.flat import FlatModel
 from clusterfed.sim.batched import evaluate_models
 from clusterfed.sim.executor import SequentialExecutor
-from clusterfed.sim.sampling import task_seed
 
 log = logging.getLogger("clusterfed")
 
 # What this executor knows how to run; anything else on a task is an extra it must not drop.
 PLAIN_SPEC_FIELDS = frozenset({"lr", "batch_size", "epochs", "steps", "momentum",
                                "weight_decay", "clip_grad_norm"})
-PLAIN_TASK_FIELDS = frozenset({"client", "kind", "params", "train", "meta"})
+PLAIN_TASK_FIELDS = frozenset({"client", "kind", "params", "train", "meta", "loss"})
 # Bytes of working memory per vmap call: all clients' parameters, gradients, velocities and
 # activations together. On CUDA, a quarter of the free memory.
 CPU_BUDGET_BYTES = 512 * 2**20
@@ -239,7 +239,7 @@ class VectorisedExecutor(SequentialExecutor):
                 n = len(self.train[task.client][1])
                 groups.setdefault((task.train, task.train.num_steps(n)), []).append(i)
             elif np.ndim(task.params) == 2 and len(task.params) > 1:
-                results[i] = self._many_models(task)
+                results[i] = self._many_models(task, round_index, step)
             else:
                 sequential.append(i)   # one model: nothing to vectorise over
         self._uploaded = None   # shared only within one call: arrays may change in between
@@ -280,9 +280,8 @@ class VectorisedExecutor(SequentialExecutor):
         data = [self.train[t.client] for t in tasks]
         sizes = [len(y) for _, y in data]
         steps = spec.num_steps(sizes[0])
-        plans = [batch_plan(n, spec, steps, torch.Generator().manual_seed(
-            task_seed(self.seed, round_index, step, t.client)))
-            for n, t in zip(sizes, tasks, strict=True)]
+        plans = [batch_plan(n, spec, steps, self.generator(t.client, round_index, step))
+                 for n, t in zip(sizes, tasks, strict=True)]
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         index, mask = stacked_plan(plans, offsets.tolist())
         x = torch.cat([x for x, _ in data])
@@ -307,16 +306,18 @@ class VectorisedExecutor(SequentialExecutor):
             self._uploaded = (params, torch.as_tensor(self._params_of(params)).to(self.device))
         return self._uploaded[1]
 
-    def _many_models(self, task: ClientTask) -> ClientResult:
-        """LOSSES (training data) or EVALUATE (test data) of k models, vmapped by chunks."""
+    def _many_models(self, task: ClientTask, round_index: int, step: int) -> ClientResult:
+        """LOSSES (the LossSpec's data) or EVALUATE (test data) of k models, vmapped by chunks."""
         w = self._stack(task.params)
         if task.kind is TaskKind.LOSSES:
             began = time.perf_counter()
-            x, y = self.train[task.client]
+            train = self.train[task.client]
+            x, y = loss_data(train, self.test[task.client], task.loss,
+                             self.generator(task.client, round_index, step))
             loss, _ = evaluate_models(self.model, w, x, y)
             # The client's compute time, as run_task reports it (LCFL's cost figures).
             meta = {**task.meta, "seconds": time.perf_counter() - began}
-            return ClientResult(task.client, task.kind, len(y), losses=loss, meta=meta)
+            return ClientResult(task.client, task.kind, len(train[1]), losses=loss, meta=meta)
         x, y = self.test[task.client]
         loss, acc = evaluate_models(self.model, w, x, y)
         return ClientResult(task.client, task.kind, len(y), losses=loss, accuracies=acc,
