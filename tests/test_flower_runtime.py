@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("flwr", reason="Flower is not installed: the Flower runtime tests need "
                     "pip install -c constraints.txt -e '.[test,flower]'")
@@ -21,7 +22,7 @@ from helpers import comparable  # noqa: E402
 
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind, TrainSpec  # noqa: E402
 from clusterfed.errors import ClusterfedError  # noqa: E402
-from clusterfed.flower import wire  # noqa: E402
+from clusterfed.flower import node, wire  # noqa: E402
 from clusterfed.flower.app import APP_TOML  # noqa: E402
 from clusterfed.flower.executor import FlowerExecutor  # noqa: E402
 from clusterfed.flower.launch import run_config_for  # noqa: E402
@@ -193,6 +194,23 @@ def test_a_node_of_another_federation_cannot_join():
     with pytest.raises(ClusterfedError, match="partition-id=7 is outside"):
         executor.join()
     assert grid.pushed == 4          # one hello per node: a node that failed is not asked again
+
+
+# The node ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device, cuda, expected", [
+    ("cpu", True, "cpu"), ("auto", False, "cpu"), ("auto", True, "cuda"),
+    ("cuda:1", True, "cuda:1")])
+def test_a_node_computes_on_the_configured_device(monkeypatch, device, cuda, expected):
+    # No GPU here: CUDA's availability is faked and the executor only records its device.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    chosen = []
+    monkeypatch.setattr(node, "SequentialExecutor", lambda *args, device="cpu", **kw:
+                        chosen.append(torch.device(device)))
+    config = flower_config({"name": "fedavg"})
+    config["run"]["device"] = device
+    node.Population.build(config)
+    assert chosen == [torch.device(expected)]
 
 
 # The ServerApp's body: resume after a crash ---------------------------------------------------

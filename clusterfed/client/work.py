@@ -266,10 +266,10 @@ def signature_result(task: ClientTask, x: torch.Tensor, y: torch.Tensor) -> Clie
     """
     meta = task.meta
     u, labels = client_signature(
-        x.numpy(), y.numpy(), p=int(meta.get("p", 3)), per_class=bool(meta.get("per_class", 1)),
-        center=bool(meta.get("center", 0)), mean=_floats(meta.get("mean")),
-        std=_floats(meta.get("std")), svd=str(meta.get("svd", "auto")),
-        seed=int(meta.get("seed", 0)),
+        x.cpu().numpy(), y.cpu().numpy(), p=int(meta.get("p", 3)),
+        per_class=bool(meta.get("per_class", 1)), center=bool(meta.get("center", 0)),
+        mean=_floats(meta.get("mean")), std=_floats(meta.get("std")),
+        svd=str(meta.get("svd", "auto")), seed=int(meta.get("seed", 0)),
         budget=int(meta["budget"]) if meta.get("budget") is not None else None)
     return ClientResult(task.client, task.kind, len(y), signature=u.astype(np.float32),
                         signature_labels=labels, meta=task.meta)

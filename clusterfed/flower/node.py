@@ -3,7 +3,8 @@
 A node knows only its partition id (Flower's node config) and the run's config (sent with every
 message). It builds the federation exactly as the simulator does and serves one client of it
 through a `SequentialExecutor`, so a task runs here with the same code, the same train/validation
-split, the same privacy transform and the same per-(round, step, client) generator as in-process.
+split, the same privacy transform and the same per-(round, step, client) generator as in-process,
+on the device `run.device` names (resolved on the node: `auto` is CUDA where the node sees one).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from clusterfed import config as cfg
 from clusterfed.client.tasks import ClientResult, ClientTask
 from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel, build_model
+from clusterfed.sim.choice import resolve_device
 from clusterfed.sim.executor import SequentialExecutor
 from clusterfed.sim.simulation import build_federation_for, privacy_transform
 
@@ -52,7 +54,8 @@ class Population:
         # torch.from_numpy views: the executor holds the federation's arrays without copies.
         executor = SequentialExecutor(model, federation, config["seed"],
                                       privacy_transform(config, model.size),
-                                      config["eval"]["validation_fraction"])
+                                      config["eval"]["validation_fraction"],
+                                      device=resolve_device(str(config["run"]["device"])))
         return cls(executor, federation.true_clusters.copy(), federation.n_classes,
                    tuple(federation.input_shape))
 
