@@ -124,6 +124,22 @@ def test_flower_executor_reproduces_the_simulator_exactly(algorithm, tmp_path):
             untimed(read_jsonl(tmp_path / "sim" / name))
 
 
+def test_sampled_local_is_weighted_by_test_sizes_as_in_the_simulator(tmp_path):
+    # The protocol weights each sampled client's accuracy by its test samples, which only
+    # the nodes hold: quantity skew makes them unequal.
+    config = flower_config({"name": "fedavg"}, rounds=2, every=1)
+    config["scenario"]["quantity_skew"] = 1.0
+    config["eval"]["protocol"] = "sampled_local"
+    sim = Simulation(config, tmp_path / "sim")
+    assert len({len(c.test_y) for c in sim.federation.clients}) == CLIENTS
+    sim.run()
+    flower_run(config, LoopbackGrid(range(CLIENTS)), tmp_path / "flower")
+    expected = read_jsonl(tmp_path / "sim" / "metrics.jsonl")
+    got = read_jsonl(tmp_path / "flower" / "metrics.jsonl")
+    assert [m["mean_accuracy"] for m in got] == [m["mean_accuracy"] for m in expected]
+    assert untimed(got) == untimed(expected)
+
+
 def untimed(records: list[dict]) -> list[dict]:
     """Records without wall-clock figures (LCFL logs its clients' seconds)."""
     return [{k: v for k, v in r.items() if "seconds" not in k} for r in records]

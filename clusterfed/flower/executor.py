@@ -135,9 +135,16 @@ class FlowerExecutor:
 
     # The Executor protocol -----------------------------------------------------------------
 
-    def train_sizes(self) -> np.ndarray:
-        return np.array([int(self.catalog[c]["num_train"]) for c in range(len(self.catalog))],
+    def _sizes(self, key: str) -> np.ndarray:
+        """A per-client count the nodes described on joining (the server holds no data)."""
+        return np.array([int(self.catalog[c][key]) for c in range(len(self.catalog))],
                         dtype=np.int64)
+
+    def train_sizes(self) -> np.ndarray:
+        return self._sizes("num_train")
+
+    def test_sizes(self) -> np.ndarray:
+        return self._sizes("num_test")
 
     def drain_events(self) -> list[dict[str, Any]]:
         """Events since the last call (missing clients, rejected replies, joins)."""

@@ -84,6 +84,7 @@ class ClientNode:
         pop = self.population
         return {"partition": self.partition, "num_clients": pop.num_clients,
                 "num_train": int(pop.executor.train_sizes()[self.partition]),
+                "num_test": int(pop.executor.test_sizes()[self.partition]),
                 "true_cluster": int(pop.true_clusters[self.partition]),
                 "n_classes": pop.n_classes, "input_shape": list(pop.input_shape)}
 

@@ -29,6 +29,8 @@ class Executor(Protocol):
 
     def train_sizes(self) -> np.ndarray: ...
 
+    def test_sizes(self) -> np.ndarray: ...
+
 
 class SequentialExecutor:
     """Runs client tasks in this process, sharing one module and zero-copy data tensors."""
@@ -83,6 +85,9 @@ class SequentialExecutor:
 
     def train_sizes(self) -> np.ndarray:
         return np.array([len(y) for _, y in self.train], dtype=np.int64)
+
+    def test_sizes(self) -> np.ndarray:
+        return np.array([len(y) for _, y in self.test], dtype=np.int64)
 
     def evaluate(self, params: np.ndarray, clients: Sequence[int], split: str = "test"
                  ) -> np.ndarray:

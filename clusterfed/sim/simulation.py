@@ -278,7 +278,7 @@ class Simulation:
             record["local_mean_accuracy"] = record["mean_accuracy"]
             record["mean_accuracy"] = sampled_local_accuracy(
                 self.executor, view, self.previous_models, self.round_sampled,
-                np.array([len(c.test_y) for c in self.federation.clients]))
+                self.executor.test_sizes())
             return record
         if self.config["eval"]["protocol"] == "min_test_loss":
             figures, chosen = least_test_loss(self.executor, view)
