@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from clusterfed.client import ClientResult, ClientTask, TaskKind, TrainSpec, run_task
+from clusterfed.client.tasks import match_results
 from clusterfed.client.work import evaluate, gradient, losses, train
 from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel, build_model
@@ -174,3 +175,23 @@ def test_padded_targets_are_not_scored():
     assert loss == pytest.approx(float(expected.detach()), rel=1e-5)
     correct = int((logits.argmax(1) == y).sum())
     assert acc == pytest.approx(correct / 4)
+
+
+def test_results_find_their_tasks_by_client_kind_and_meta():
+    w = np.zeros(3, np.float32)
+    spec = TrainSpec(lr=0.1, batch_size=4)
+    tasks = [ClientTask(0, TaskKind.TRAIN, w, spec, {"set": 0}),
+             ClientTask(0, TaskKind.TRAIN, w, spec, {"set": 1}),
+             ClientTask(1, TaskKind.TRAIN, w, spec, {"set": np.int64(0)}),
+             ClientTask(1, TaskKind.TRAIN, w, spec, {"set": 1}),
+             ClientTask(2, TaskKind.LOSSES, w)]
+    # Client 0's set 0 never answered; results add meta and may come in any order.
+    results = [ClientResult(1, TaskKind.TRAIN, 5, meta={"set": 1, "local_steps": 2}),
+               ClientResult(0, TaskKind.TRAIN, 5, meta={"set": 1, "local_steps": 2}),
+               ClientResult(1, TaskKind.TRAIN, 5, meta={"set": 0, "local_steps": 2}),
+               ClientResult(2, TaskKind.LOSSES, 5, meta={"seconds": 0.1})]
+    pairs = match_results(tasks, results)
+    assert [(t.client, t.meta["set"]) for t, _ in pairs[:3]] == [(1, 1), (0, 1), (1, 0)]
+    assert [r for _, r in pairs] == results and pairs[3][0] is tasks[4]
+    with pytest.raises(ValueError, match="client 3 answers none"):
+        match_results(tasks, [ClientResult(3, TaskKind.TRAIN, 5)])

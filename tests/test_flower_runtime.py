@@ -174,6 +174,21 @@ def test_a_silent_node_is_left_out_logged_and_its_restart_rejoins(tmp_path):
     assert summary["final"]["per_client_accuracy"][2] >= 0.0
 
 
+@pytest.mark.parametrize("algorithm", [{"name": "fedavg_ft"}, {"name": "per_fedavg"}],
+                         ids=case_id)
+def test_a_silent_node_is_not_scored_by_test_time_adaptation(algorithm, tmp_path):
+    # The adaptation's TRAIN result of client 2 never comes: it is left out, not a crash.
+    config = flower_config(algorithm, rounds=1)
+    grid = LoopbackGrid(range(CLIENTS))
+    summary, _ = flower_run(config, grid, tmp_path, reply_timeout=5.0,
+                            after_join=lambda: grid.silent.add(grid.node_of(2)))
+    record = read_jsonl(tmp_path / "metrics.jsonl")[-1]
+    assert record["unevaluated_clients"] == [2]
+    assert np.isnan(record["per_client_accuracy"][2])
+    assert np.isfinite(record["mean_accuracy"]) and np.isfinite(record["served_mean_accuracy"])
+    assert np.isfinite(summary["final"]["mean_accuracy"])
+
+
 def test_replies_with_a_wrong_shape_or_nan_are_rejected_and_logged(tmp_path):
     config = flower_config({"name": "fedavg"}, rounds=1)
     grid = LoopbackGrid(range(CLIENTS))

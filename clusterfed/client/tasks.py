@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -123,7 +123,8 @@ class ClientTask:
 
     `params` is one flat model (1-D) or several stacked (2-D: models x parameters).
     `meta` is the algorithm's own bookkeeping (such as a cluster id), returned untouched
-    (a TRAIN result adds "local_steps", the number of SGD or meta steps it took).
+    (a TRAIN result adds "local_steps", the number of SGD or meta steps it took); it also tells
+    apart several tasks of one client and kind (`match_results`).
     `objective`, for TRAIN only: None is plain SGD on the loss; see LocalObjective.
     """
 
@@ -155,3 +156,35 @@ class ClientResult:
             return False
         arrays = [a for a in (self.update, self.losses, self.signature) if a is not None]
         return all(bool(np.isfinite(a).all()) for a in arrays)
+
+
+def _same(a: object, b: object) -> bool:
+    """Meta values equal (arrays element-wise), whatever crossed a wire in between."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return bool(np.array_equal(a, b))
+    return bool(a == b)
+
+
+def match_results(tasks: Sequence[ClientTask], results: Sequence[ClientResult]
+                  ) -> list[tuple[ClientTask, ClientResult]]:
+    """Each result with the task it answers, in the results' order.
+
+    A result answers a task of its client and kind whose meta it carries back (a result may
+    add entries), so several tasks of one client (IFCA's candidate sets) stay apart; among
+    tasks alike in all three, the first unanswered one. A task without a result (a node that
+    did not answer) is left out; a result that answers no task is an error.
+    """
+    waiting: dict[tuple[int, TaskKind], list[ClientTask]] = {}
+    for task in tasks:
+        waiting.setdefault((task.client, task.kind), []).append(task)
+    pairs = []
+    for result in results:
+        candidates = waiting.get((result.client, result.kind), [])
+        for i, task in enumerate(candidates):
+            if all(k in result.meta and _same(result.meta[k], v) for k, v in task.meta.items()):
+                pairs.append((candidates.pop(i), result))
+                break
+        else:
+            raise ValueError(f"the {result.kind.value} result of client {result.client} "
+                             f"answers none of the tasks sent")
+    return pairs

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from clusterfed.algorithms.base import ClusterView
-from clusterfed.client.tasks import ClientTask, TaskKind, TrainSpec
+from clusterfed.client.tasks import ClientTask, TaskKind, TrainSpec, match_results
 from clusterfed.clustering.metrics import clustering_scores
 from clusterfed.sim.executor import Executor
 
@@ -45,14 +45,14 @@ def evaluate_adapted(executor: Executor, view: ClusterView, spec: TrainSpec, rou
     """(loss, accuracy) per client of its served model after `spec`'s local training.
 
     The training runs as TRAIN tasks (batch order seeded by round and client, so a resumed run
-    gives the same figures); a client whose result is not finite is tested unadapted.
+    gives the same figures); a client whose result is not finite is tested unadapted. A client
+    whose result never came (a silent node) is not scored: NaN, as in any evaluation it misses.
     """
     n = len(view.assignment)
     tasks = [ClientTask(c, TaskKind.TRAIN, view.models[view.assignment[c]], spec)
              for c in range(n)]
-    out = np.zeros((n, 2))
-    for task, result in zip(tasks, executor.run(tasks, round_index, ADAPTATION_STEP),
-                            strict=True):
+    out = np.full((n, 2), np.nan)
+    for task, result in match_results(tasks, executor.run(tasks, round_index, ADAPTATION_STEP)):
         params = task.params
         if result.is_finite() and result.update is not None:
             params = (params + result.update).astype(np.float32)
@@ -114,6 +114,12 @@ def best_of_path(executor: Executor, algorithm: Any, state: Any, view: ClusterVi
     return out, depth
 
 
+def evaluated_mean(values: np.ndarray) -> float:
+    """The mean over the clients evaluated (NaN: a client a remote runtime could not reach)."""
+    kept = values[~np.isnan(values)]
+    return float(kept.mean()) if len(kept) else float("nan")
+
+
 def round_record(per_client: np.ndarray, view: ClusterView, true_clusters: np.ndarray,
                  target_accuracy: float | None = None) -> dict[str, Any]:
     """Accuracy and clustering figures of one evaluation, JSON-ready.
@@ -126,22 +132,18 @@ def round_record(per_client: np.ndarray, view: ClusterView, true_clusters: np.nd
     found = view.assignment
     scores = clustering_scores(true_clusters, found)
     missing = np.flatnonzero(np.isnan(per_client).any(axis=1))
-
-    def mean(values: np.ndarray) -> float:
-        kept = values[~np.isnan(values)]
-        return float(kept.mean()) if len(kept) else float("nan")
-
     evaluated = acc[~np.isnan(acc)]
     extra = {} if target_accuracy is None else {
         "clients_at_target": float(np.mean(evaluated >= target_accuracy - 1e-9))
         if len(evaluated) else float("nan")}
     record = {
-        "mean_accuracy": mean(acc),
-        "mean_loss": mean(per_client[:, 0]),
+        "mean_accuracy": evaluated_mean(acc),
+        "mean_loss": evaluated_mean(per_client[:, 0]),
         "per_client_accuracy": [round(float(a), 6) for a in acc],
         "per_client_loss": [round(float(v), 6) for v in per_client[:, 0]],
-        "per_cluster_accuracy": {str(int(k)): mean(acc[found == k]) for k in np.unique(found)},
-        "per_true_cluster_accuracy": {str(int(k)): mean(acc[true_clusters == k])
+        "per_cluster_accuracy": {str(int(k)): evaluated_mean(acc[found == k])
+                                 for k in np.unique(found)},
+        "per_true_cluster_accuracy": {str(int(k)): evaluated_mean(acc[true_clusters == k])
                                       for k in np.unique(true_clusters)},
         "n_clusters": view.num_clusters,
         "ari": scores["ari"],

@@ -28,6 +28,7 @@ from clusterfed.sim.evaluation import (
     best_of_path,
     evaluate_adapted,
     evaluate_clients,
+    evaluated_mean,
     least_test_loss,
     round_record,
     sampled_local_accuracy,
@@ -284,7 +285,7 @@ class Simulation:
             figures, chosen = least_test_loss(self.executor, view)
             record = round_record(figures, view, true, target)
             served = evaluate_clients(self.executor, view, None)
-            record.update({"served_mean_accuracy": float(served[:, 1].mean()),
+            record.update({"served_mean_accuracy": evaluated_mean(served[:, 1]),
                            "test_chose_served": float(np.mean(chosen == view.assignment))})
             return record
         adaptation = getattr(self.algorithm, "adaptation", None)
@@ -299,7 +300,7 @@ class Simulation:
             served = evaluate_clients(self.executor, view, None)
             record = round_record(evaluate_adapted(self.executor, view, spec, r), view, true,
                                   target)
-            record["served_mean_accuracy"] = float(served[:, 1].mean())
+            record["served_mean_accuracy"] = evaluated_mean(served[:, 1])
             return record
         if self.config["eval"]["protocol"] != "best_of_path":
             record = round_record(evaluate_clients(self.executor, view, self.own_models), view,
@@ -307,14 +308,14 @@ class Simulation:
             if self.own_models is not None and self.config["eval"]["also_cluster"]:
                 # The other protocol too: each client's cluster model (PACFL reports both).
                 acc = evaluate_clients(self.executor, view, None)[:, 1]
-                record.update({"cluster_mean_accuracy": float(acc.mean()),
+                record.update({"cluster_mean_accuracy": evaluated_mean(acc),
                                "cluster_per_client_accuracy": [round(float(a), 6)
                                                                for a in acc]})
             return record
         chosen, depth = best_of_path(self.executor, self.algorithm, state, view)
         record = round_record(chosen, view, true, target)
         leaf = evaluate_clients(self.executor, view, None)
-        record.update({"leaf_mean_accuracy": float(leaf[:, 1].mean()),
+        record.update({"leaf_mean_accuracy": evaluated_mean(leaf[:, 1]),
                        "chosen_path_depth": depth.tolist()})
         return record
 
