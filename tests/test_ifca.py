@@ -301,3 +301,34 @@ def test_min_test_loss_protocol_in_a_run_records_the_served_figures_too(tmp_path
     assert 0.0 <= last["served_mean_accuracy"] <= 1.0 and 0.0 <= last["test_chose_served"] <= 1
     with pytest.raises(ConfigError, match="min_test_loss"):
         run_config(tiny_config("ifca", eval={"protocol": "min_loss"}))
+
+
+class KeepingExecutor:
+    """Wraps the simulator's executor; keeps each client's trained model of every set."""
+
+    def __init__(self, inner):
+        self.inner, self.trained = inner, {}
+
+    def run(self, tasks, round_index, step=0):
+        results = self.inner.run(tasks, round_index, step)
+        for task, result in zip(tasks, results, strict=True):
+            if result.kind is TaskKind.TRAIN:
+                self.trained[task.client, int(task.meta["set"])] = task.params + result.update
+        return results
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_the_local_protocol_keeps_the_model_of_the_served_restart_set(seed):
+    # With restarts every client trains one model per set: its own model is the served set's.
+    config = tiny_config("ifca", seed=seed, eval={"protocol": "local"},
+                         train={"rounds": 1, "participation": 1.0})
+    config["algorithm"].update({"k": 2, "restarts": 2, "restart_rounds": 3})
+    sim = Simulation(config)
+    sim.executor = KeepingExecutor(sim.executor)
+    sim.run()
+    served = int(np.argmin(sim.state.objective))
+    for c in range(sim.federation.num_clients):
+        np.testing.assert_array_equal(sim.own_models[c], sim.executor.trained[c, served])

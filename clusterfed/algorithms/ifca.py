@@ -66,7 +66,7 @@ from clusterfed.algorithms.base import (
     Update,
     check_choices,
 )
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
+from clusterfed.client.tasks import OWN_MODEL, ClientResult, ClientTask, TaskKind
 from clusterfed.clustering import hierarchical as hc
 from clusterfed.clustering.precomputed import NO_STRUCTURE
 from clusterfed.state import serialisable
@@ -261,15 +261,21 @@ class IFCA:
 
     def _training(self, state: IFCAState, ctx: RoundContext, clients: np.ndarray,
                   clusters: np.ndarray) -> list[ClientTask]:
-        """Each client trains (or takes the gradient of) model clusters[r, c] of every set r."""
+        """Each client trains (or takes the gradient of) model clusters[r, c] of every set r.
+
+        Only the served set's model is the client's own (for the 'local' protocols).
+        """
         kind = TaskKind.TRAIN if self.aggregate == "models" else TaskKind.GRADIENT
         spec = ctx.train if kind is TaskKind.TRAIN else None
+        served = _lead(state)
         tasks = []
         for c in clients.tolist():
             for r in range(len(state.models)):
                 j = int(clusters[r, c])
-                tasks.append(ClientTask(c, kind, state.models[r, j], spec,
-                                        {"set": r, "cluster": j}))
+                meta = {"set": r, "cluster": j}
+                if len(state.models) > 1:
+                    meta[OWN_MODEL] = int(r == served)
+                tasks.append(ClientTask(c, kind, state.models[r, j], spec, meta))
         return tasks
 
     def update(self, state: IFCAState, ctx: RoundContext, results: Sequence[ClientResult]

@@ -124,7 +124,9 @@ class ClientTask:
     `params` is one flat model (1-D) or several stacked (2-D: models x parameters).
     `meta` is the algorithm's own bookkeeping (such as a cluster id), returned untouched
     (a TRAIN result adds "local_steps", the number of SGD or meta steps it took); it also tells
-    apart several tasks of one client and kind (`match_results`).
+    apart several tasks of one client and kind (`match_results`). A TRAIN task whose
+    meta[OWN_MODEL] is false trains a model that is not the client's own (one of IFCA's
+    candidate sets that it does not serve): the 'local' evaluation protocols skip it.
     `objective`, for TRAIN only: None is plain SGD on the loss; see LocalObjective.
     """
 
@@ -135,6 +137,10 @@ class ClientTask:
     meta: Mapping[str, int | float | str] = field(default_factory=dict)
     objective: LocalObjective | None = None
     loss: LossSpec | None = None          # LOSSES: which data (default: all training data)
+
+
+# TRAIN task meta: 0 marks a candidate model that is not the client's own (see ClientTask).
+OWN_MODEL = "own_model"
 
 
 @dataclass(frozen=True)

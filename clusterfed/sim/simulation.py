@@ -17,7 +17,14 @@ from tqdm import tqdm
 from clusterfed import config as cfg
 from clusterfed.algorithms import ClusterView, RoundContext, Setup, build_algorithm
 from clusterfed.client.privacy import ParameterTransform
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind, TrainSpec
+from clusterfed.client.tasks import (
+    OWN_MODEL,
+    ClientResult,
+    ClientTask,
+    TaskKind,
+    TrainSpec,
+    match_results,
+)
 from clusterfed.clustering.cfl_math import separation_gap
 from clusterfed.clustering.metrics import clustering_scores
 from clusterfed.data import Federation, build_federation, load_dataset
@@ -144,15 +151,14 @@ class Simulation:
     def _execute(self, tasks: Sequence[ClientTask], r: int, step: int,
                  events: list[dict[str, Any]]) -> list[ClientResult]:
         """Run tasks; drop results with NaN or Inf (logged), keep the rest."""
-        results = self.executor.run(tasks, r, step)
         # A remote executor may return fewer results than tasks (a client that never answered).
-        planned = {(t.client, t.kind): t for t in tasks}
         kept = []
-        for result in results:
+        for task, result in match_results(tasks, self.executor.run(tasks, r, step)):
             if result.is_finite():
                 kept.append(result)
-                if result.kind is TaskKind.TRAIN and self.own_models is not None:
-                    trained = planned[(result.client, result.kind)].params + result.update
+                if (result.kind is TaskKind.TRAIN and self.own_models is not None
+                        and task.meta.get(OWN_MODEL, True)):
+                    trained = task.params + result.update
                     self.own_models[result.client] = trained.astype(np.float32)
             else:
                 log.warning("round %d: rejected the %s result of client %d: it holds NaN or Inf",
