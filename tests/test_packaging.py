@@ -90,3 +90,28 @@ def test_declared_flower_dependencies_are_pinned():
     for extra in ("flower", "test"):
         for requirement in project["optional-dependencies"][extra]:
             assert requirement_name(requirement) in pins, requirement
+
+
+# Server code (every algorithm) on a machine without torch: a blocker refuses the import.
+NO_TORCH = """
+import importlib, importlib.abc, pkgutil, sys
+class NoTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "torch":
+            raise ImportError("torch is not installed here")
+sys.meta_path.insert(0, NoTorch())
+import clusterfed.algorithms as algorithms
+for module in pkgutil.iter_modules(algorithms.__path__):
+    importlib.import_module("clusterfed.algorithms." + module.name)
+from clusterfed.algorithms import ALGORITHMS
+print(len(ALGORITHMS.names()))
+"""
+
+
+def test_the_algorithms_import_without_torch():
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", NO_TORCH], capture_output=True, text=True,
+                          cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.strip()) >= 12
