@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from clusterfed.algorithms.aggregate import aggregation_weights, weighted_mean
+from clusterfed.algorithms.aggregate import aggregation_weights, cluster_fedavg, weighted_mean
 from clusterfed.algorithms.base import (
     ALGORITHMS,
     ClusterView,
@@ -378,12 +378,15 @@ def split_leaf(state: CFLState, leaf: int, parts: tuple[np.ndarray, np.ndarray],
     parent_model = state.models[k]
     members = state.nodes[leaf].members
     nodes = list(state.nodes)
-    child_ids, child_models = [], []
+    child_models = np.repeat(parent_model[None], len(parts), axis=0)
+    if not restart:
+        rows = np.concatenate(parts)
+        side = np.repeat(np.arange(len(parts)), [len(p) for p in parts])
+        child_models = cluster_fedavg(child_models, updates[rows], side, weights[rows])
+    child_ids = []
     for part in parts:
         # Map sub-matrix positions back to client ids (the authors' code gets this wrong).
         child_members = np.sort(cfl_math.map_to_clients(members, part))
-        child_models.append(parent_model if restart else
-                            parent_model + weighted_mean(updates[part], weights[part]))
         child_ids.append(len(nodes))
         nodes.append(Node(members=child_members, parent=leaf,
                           edge_updates=updates[part].astype(np.float32)))
