@@ -24,7 +24,7 @@ def groups_of_vectors(sizes=(5, 3, 6), d=40, noise=0.05, seed=0):
 
 
 @pytest.mark.parametrize("metric", hc.METRICS)
-def test_distances_match_brute_force_in_any_number_of_column_blocks(metric, monkeypatch):
+def test_distances_match_brute_force_in_any_number_of_column_blocks(metric):
     rng = np.random.default_rng(1)
     vectors = rng.normal(size=(7, 301)).astype(np.float32)
     vectors[3] = 0.0   # a zero vector: cosine distance 1 to every other vector
@@ -34,9 +34,8 @@ def test_distances_match_brute_force_in_any_number_of_column_blocks(metric, monk
     if metric == "cosine":
         expected[3, :] = expected[:, 3] = 1.0
         np.fill_diagonal(expected, 0.0)
-    for chunk_bytes in (hc.CHUNK_BYTES, 7 * 8 * 13):   # one block; 24 blocks of 13 columns
-        monkeypatch.setattr(hc, "CHUNK_BYTES", chunk_bytes)
-        got = hc.pairwise_distances(vectors, metric)
+    for chunk_size in (None, 13):   # one block; 24 blocks of 13 columns
+        got = hc.pairwise_distances(vectors, metric, chunk_size=chunk_size)
         np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-9)
         assert np.array_equal(got, got.T) and np.all(np.diag(got) == 0)
 

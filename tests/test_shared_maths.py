@@ -8,6 +8,12 @@ import pytest
 from clusterfed.algorithms.aggregate import cluster_fedavg, results_fedavg
 from clusterfed.algorithms.fedavg import apply_updates
 from clusterfed.client import ClientResult, TaskKind
+from clusterfed.clustering.similarity import (
+    cosine_distance_matrix,
+    cosine_similarity_matrix,
+    euclidean_distance_matrix,
+    gram_matrix,
+)
 
 # Per-cluster FedAvg ----------------------------------------------------------------------------
 
@@ -35,3 +41,46 @@ def test_one_cluster_is_fedavg_bit_for_bit():
 def test_cluster_fedavg_needs_one_cluster_per_update():
     with pytest.raises(ValueError, match="one cluster"):
         cluster_fedavg(np.zeros((2, 2)), np.zeros((3, 2)), np.array([0, 1]), np.ones(3))
+
+
+# Gram, cosine and Euclidean matrices -------------------------------------------------------------
+
+# A zero vector between two of length 5.
+THREE = np.array([[3.0, 4.0], [0.0, 0.0], [4.0, 3.0]], dtype=np.float32)
+
+
+def test_gram_matrix_by_hand():
+    np.testing.assert_array_equal(gram_matrix(THREE, chunk_size=1),
+                                  [[25.0, 0.0, 24.0], [0.0, 0.0, 0.0], [24.0, 0.0, 25.0]])
+
+
+def test_cosine_zero_vector_rule_by_hand():
+    # cos(v0, v2) = 24 / 25; the zero vector has cosine 0 with every other vector.
+    similarity = cosine_similarity_matrix(THREE)
+    np.testing.assert_allclose(similarity, [[1.0, 0.0, 0.96], [0.0, 0.0, 0.0], [0.96, 0.0, 1.0]],
+                               rtol=1e-15)
+    # With itself: 0 by default (no direction), 1 when asked (a distance's zero diagonal).
+    assert similarity[1, 1] == 0.0
+    assert cosine_similarity_matrix(THREE, zero_self=1.0)[1, 1] == 1.0
+    distance = cosine_distance_matrix(THREE)
+    np.testing.assert_allclose(distance, [[0.0, 1.0, 0.04], [1.0, 0.0, 1.0], [0.04, 1.0, 0.0]],
+                               rtol=1e-12)
+    assert np.array_equal(distance, distance.T) and np.all(np.diag(distance) == 0.0)
+
+
+def test_euclidean_distance_by_hand():
+    # |v0 - v2| = sqrt(2), |v0| = |v2| = 5; blocks of one column give the same.
+    for chunk_size in (None, 1):
+        distance = euclidean_distance_matrix(THREE, chunk_size=chunk_size)
+        np.testing.assert_allclose(distance, [[0.0, 5.0, 2**0.5], [5.0, 0.0, 5.0],
+                                              [2**0.5, 5.0, 0.0]], rtol=1e-6)
+        assert np.array_equal(distance, distance.T)
+    np.testing.assert_allclose(euclidean_distance_matrix(np.array([[0, 0], [3, 4]])),
+                               [[0.0, 5.0], [5.0, 0.0]])
+
+
+def test_centred_gram_by_hand():
+    # The mean of THREE is [7/3, 7/3]; the centred rows are [2, 5]/3, [-7, -7]/3, [5, 2]/3.
+    want = np.array([[29.0, -49.0, 20.0], [-49.0, 98.0, -49.0], [20.0, -49.0, 29.0]]) / 9.0
+    np.testing.assert_allclose(gram_matrix(THREE, centre=True, chunk_size=1), want, rtol=1e-12)
+    np.testing.assert_array_equal(THREE[1], [0.0, 0.0])   # the input is left alone

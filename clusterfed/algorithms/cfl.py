@@ -53,6 +53,7 @@ from clusterfed.algorithms.base import (
 )
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
 from clusterfed.clustering import cfl_math
+from clusterfed.clustering.similarity import cosine_similarity_matrix
 from clusterfed.state import serialisable
 
 NOT_JOINED = -1
@@ -252,7 +253,7 @@ class CFL:
                    if self.similarity_from == "gradients" and set(clients.tolist()) <= set(
                        gradients) else updates)
         if len(results) >= 2:
-            similarity = cfl_math.cosine_similarity_matrix(signals)
+            similarity = cosine_similarity_matrix(signals)
             bipartition = self._bipartition(similarity)
             info.update(alpha_cross_max=bipartition[2], gamma_bound=cfl_math.gamma_max(
                 bipartition[2]))
@@ -414,7 +415,7 @@ def route_one_level(state: CFLState, client: int, node: int, update: np.ndarray
     the node's two children (spec 2.4). Ties go to the second child, as in the box.
     """
     v0, v1 = state.nodes[node].children
-    a0, a1 = (float(cfl_math.cosine_similarity_matrix(
+    a0, a1 = (float(cosine_similarity_matrix(
         np.concatenate([update[None], state.nodes[v].edge_updates]))[0, 1:].max())
         for v in (v0, v1))
     target = v0 if a0 > a1 else v1
