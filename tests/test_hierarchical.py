@@ -9,6 +9,7 @@ import pytest
 from scipy.spatial.distance import cdist
 
 from clusterfed.clustering import hierarchical as hc
+from clusterfed.clustering.precomputed import first_appearance_labels
 
 PAIRINGS = [(m, k) for m in hc.METRICS for k in hc.LINKAGES if k != "ward" or m == "l2"]
 
@@ -128,7 +129,7 @@ def test_median_rule_and_a_precomputed_condensed_matrix():
 
 
 def test_labels_are_numbered_by_first_appearance():
-    assert hc.first_appearance_labels(np.array([5, 2, 5, 9, 2])).tolist() == [0, 1, 0, 2, 1]
+    assert first_appearance_labels(np.array([5, 2, 5, 9, 2])).tolist() == [0, 1, 0, 2, 1]
 
 
 def test_label_order_does_not_depend_on_the_rows_order():

@@ -7,7 +7,11 @@ import pytest
 
 from clusterfed.algorithms.aggregate import cluster_fedavg, results_fedavg
 from clusterfed.algorithms.fedavg import apply_updates
+from clusterfed.algorithms.pacfl import PACFL
 from clusterfed.client import ClientResult, TaskKind
+from clusterfed.clustering import hierarchical as hc
+from clusterfed.clustering import precomputed as pc
+from clusterfed.clustering.precomputed import first_appearance_labels
 from clusterfed.clustering.similarity import (
     cosine_distance_matrix,
     cosine_similarity_matrix,
@@ -84,3 +88,20 @@ def test_centred_gram_by_hand():
     want = np.array([[29.0, -49.0, 20.0], [-49.0, 98.0, -49.0], [20.0, -49.0, 29.0]]) / 9.0
     np.testing.assert_allclose(gram_matrix(THREE, centre=True, chunk_size=1), want, rtol=1e-12)
     np.testing.assert_array_equal(THREE[1], [0.0, 0.0])   # the input is left alone
+
+
+# Cluster labels and linkages -------------------------------------------------------------------
+
+
+def test_first_appearance_labels_by_hand():
+    # 5 appears first, then 2, then 9.
+    assert first_appearance_labels(np.array([5, 5, 2, 9, 2])).tolist() == [0, 0, 1, 2, 1]
+    assert first_appearance_labels(np.array([], dtype=np.int64)).tolist() == []
+
+
+def test_one_list_of_linkages():
+    # Every method cuts distances by the same scipy linkages; Ward only FL+HC's Euclidean vectors.
+    assert set(hc.LINKAGES) == set(pc.LINKAGES) | {"ward"}
+    assert PACFL().linkage in pc.LINKAGES
+    with pytest.raises(ValueError, match="linkage must be one of"):
+        pc.check_linkage("ward")

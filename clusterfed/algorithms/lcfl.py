@@ -314,7 +314,7 @@ class LCFL:
         assert k is not None
         found = pc.k_medoids(d, min(k, len(d)), method=self.kmedoids_method,
                              init=self.kmedoids_init, restarts=self.restarts)
-        return pc.relabel(found.labels)
+        return pc.first_appearance_labels(found.labels)
 
     def _cluster(self, state: LCFLState, results: Sequence[ClientResult]) -> Update:
         assert state.warm_models is not None

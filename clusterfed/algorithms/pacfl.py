@@ -48,6 +48,7 @@ from clusterfed.algorithms.base import (
     check_choices,
 )
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
+from clusterfed.clustering import precomputed as pc
 from clusterfed.clustering import principal_angles as pa
 from clusterfed.clustering.precomputed import NO_STRUCTURE, choose_clusters
 from clusterfed.state import serialisable
@@ -101,7 +102,7 @@ class PACFL:
     sees: ClassVar[frozenset[str]] = frozenset({"feature", "label"})
     toy_mixture_options: ClassVar[dict[str, Any] | None] = None
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
-        "linkage": pa.LINKAGES, "measure": pa.MEASURES, "signature": ("per_class", "whole"),
+        "linkage": pc.LINKAGES, "measure": pa.MEASURES, "signature": ("per_class", "whole"),
         "svd": pa.SVD_METHODS, "newcomer_rule": ("nearest", "rerun")}
     newcomer_set: frozenset[int] = field(init=False, repr=False, default=frozenset())
 
@@ -216,7 +217,7 @@ class PACFL:
             return tree, pa.cut_tree(tree, n, self.beta, self.n_clusters)
         labels, _ = choose_clusters(proximity, lambda k: pa.cut_tree(tree, n, n_clusters=k),
                                     self.k_max, self.min_silhouette)
-        return tree, pa.canonical_labels(labels)
+        return tree, pc.first_appearance_labels(labels)
 
     def _clustering_event(self, kind: str, ids: np.ndarray, proximity: np.ndarray,
                           tree: np.ndarray, labels: np.ndarray) -> dict[str, Any]:

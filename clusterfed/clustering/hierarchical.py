@@ -5,8 +5,8 @@ method that holds a precomputed distance matrix (`cluster_condensed`).
 
 Conventions (FL+HC spec A9, A10):
 - metrics "l1" (Manhattan), "l2" (Euclidean), "cosine" (1 - cos, in [0, 2]);
-- linkages "single", "complete", "average" (UPGMA, what scipy calls average) and "ward"
-  (Euclidean only; scipy's height sqrt(2|A||B|/(|A|+|B|)) ||mu_A - mu_B||);
+- linkages "single", "complete", "average" (UPGMA, what scipy calls average), "weighted" (WPGMA)
+  and "ward" (Euclidean only; scipy's height sqrt(2|A||B|/(|A|+|B|)) ||mu_A - mu_B||);
 - the cut merges while the merge height is <= tau (scipy `fcluster(criterion="distance")`).
 """
 
@@ -18,6 +18,7 @@ import numpy as np
 from scipy.cluster import hierarchy
 from scipy.spatial.distance import pdist, squareform
 
+from clusterfed.clustering import precomputed as pc
 from clusterfed.clustering.precomputed import NO_STRUCTURE, choose_clusters
 from clusterfed.clustering.similarity import (
     as_vectors,
@@ -27,7 +28,7 @@ from clusterfed.clustering.similarity import (
 )
 
 METRICS = ("l1", "l2", "cosine")
-LINKAGES = ("single", "complete", "average", "ward")
+LINKAGES = (*pc.LINKAGES, "ward")   # Ward on the vectors themselves
 # How the threshold is read: an absolute merge height (the paper's tau); scale-free: a
 # fraction of the largest merge height, a multiple of the median merge height (most merges
 # join similar clients, so the median is the within-group scale), a number of clusters, or
@@ -60,8 +61,7 @@ def check_metric_linkage(metric: str, linkage: str) -> None:
     """Reject unknown names and Ward with a non-Euclidean metric (its heights assume L2)."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    if linkage not in LINKAGES:
-        raise ValueError(f"linkage must be one of {', '.join(LINKAGES)}, got {linkage!r}")
+    pc.check_linkage(linkage, LINKAGES)
     if linkage == "ward" and metric != "l2":
         raise ValueError(f"ward linkage needs the l2 (Euclidean) metric, got {metric!r}")
 
@@ -110,13 +110,6 @@ def to_condensed(distances: np.ndarray) -> np.ndarray:
     return squareform(np.asarray(distances, dtype=np.float64), checks=False)
 
 
-def first_appearance_labels(labels: np.ndarray) -> np.ndarray:
-    """Renumber cluster labels 0, 1, ... in the order their first member appears."""
-    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
-    rank = np.argsort(np.argsort(first))
-    return rank[inverse].astype(np.int64)
-
-
 def absolute_threshold(heights: np.ndarray, mode: str, threshold: float) -> float:
     """The merge height a rule cuts at: tau, or tau times the largest / median merge height."""
     if mode == "absolute":
@@ -138,8 +131,7 @@ def cluster_condensed(condensed: np.ndarray, linkage: str, threshold: float,
     "median": at threshold x the median merge height; "clusters": cut into at most
     `threshold` clusters (scipy's "maxclust").
     """
-    if linkage not in LINKAGES:
-        raise ValueError(f"linkage must be one of {', '.join(LINKAGES)}, got {linkage!r}")
+    pc.check_linkage(linkage, LINKAGES)
     check_threshold(mode, threshold)
     condensed = np.asarray(condensed, dtype=np.float64)
     n = int(round((1 + np.sqrt(1 + 8 * len(condensed))) / 2))
@@ -162,7 +154,7 @@ def cluster_condensed(condensed: np.ndarray, linkage: str, threshold: float,
         raw = hierarchy.fcluster(tree, t=int(threshold), criterion="maxclust")
     else:
         raw = hierarchy.fcluster(tree, t=cut, criterion="distance")
-    return Dendrogram(first_appearance_labels(raw), tree, cut)
+    return Dendrogram(pc.first_appearance_labels(raw), tree, cut)
 
 
 def hierarchical_clusters(vectors: np.ndarray, metric: str, linkage: str, threshold: float,
