@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
+from torch.func import vmap
 
 from clusterfed.algorithms.aggregate import cluster_fedavg, results_fedavg
 from clusterfed.algorithms.fedavg import apply_updates
 from clusterfed.algorithms.pacfl import PACFL
-from clusterfed.client import ClientResult, TaskKind
+from clusterfed.client import ClientResult, TaskKind, TrainSpec
+from clusterfed.client.sgd import clip_by_norm, sgd_step
 from clusterfed.clustering import hierarchical as hc
 from clusterfed.clustering import precomputed as pc
 from clusterfed.clustering.precomputed import first_appearance_labels
@@ -105,3 +108,40 @@ def test_one_list_of_linkages():
     assert PACFL().linkage in pc.LINKAGES
     with pytest.raises(ValueError, match="linkage must be one of"):
         pc.check_linkage("ward")
+
+
+# The SGD step ------------------------------------------------------------------------------------
+
+
+def test_sgd_step_by_hand():
+    spec = TrainSpec(lr=0.5, batch_size=1, momentum=0.5, weight_decay=0.1)
+    w, grad = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])
+    # grad + 0.1 w = [3.1, 4.2]; v = 0.5 [2, 0] + [3.1, 4.2] = [4.1, 4.2]; w - 0.5 v.
+    new, velocity = sgd_step(w, grad, torch.tensor([2.0, 0.0]), spec)
+    torch.testing.assert_close(velocity, torch.tensor([4.1, 4.2]))
+    torch.testing.assert_close(new, torch.tensor([-1.05, -0.1]))
+    torch.testing.assert_close(w, torch.tensor([1.0, 2.0]))   # nothing changed in place
+    # The first step starts the buffer at the gradient; a proximal pull and a correction.
+    new, velocity = sgd_step(w, grad, None, TrainSpec(lr=1.0, batch_size=1, momentum=0.9),
+                             prox_mu=2.0, anchor=torch.zeros(2), correction=torch.ones(2))
+    torch.testing.assert_close(velocity, torch.tensor([5.0, 8.0]))   # [3, 4] + 2 [1, 2]
+    torch.testing.assert_close(new, torch.tensor([-5.0, -7.0]))       # w - (v + 1)
+
+
+def test_clip_by_norm_by_hand():
+    clipped = clip_by_norm(torch.tensor([[3.0, 4.0], [0.3, 0.4]]), 1.0)
+    # Norm 5 is scaled to about 1; norm 0.5 is left alone.
+    torch.testing.assert_close(clipped, torch.tensor([[0.6, 0.8], [0.3, 0.4]]))
+
+
+def test_sgd_step_under_vmap_is_row_by_row():
+    spec = TrainSpec(lr=0.1, batch_size=1, momentum=0.5, weight_decay=0.01, clip_grad_norm=1.0)
+    gen = torch.Generator().manual_seed(0)
+    w, grad, velocity = (torch.randn(4, 30, generator=gen) for _ in range(3))
+    mapped = vmap(lambda a, b, c: sgd_step(a, b, c, spec))(w, grad, velocity)
+    stacked = sgd_step(w, grad, velocity, spec)
+    for g in range(4):
+        row = sgd_step(w[g], grad[g], velocity[g], spec)
+        for got in (mapped, stacked):
+            torch.testing.assert_close(got[0][g], row[0], rtol=0, atol=1e-7)
+            torch.testing.assert_close(got[1][g], row[1], rtol=0, atol=1e-7)
