@@ -1,7 +1,8 @@
 """Portable serialisation of algorithm state: nested dataclasses, dicts, lists and arrays.
 
-The format is one `.npz` file: every array under its own key, and a JSON skeleton that
-names them. Loading never unpickles, so a checkpoint from an untrusted source is safe to read.
+The format is one `.npz` file: every array under its own key, a JSON skeleton that names them
+and the format's version. Loading never unpickles, so a checkpoint from an untrusted source is
+safe to read.
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from clusterfed.errors import ConfigError
+
+# The layout `dumps` writes. Files from before the version key have version 1's layout.
+FORMAT_VERSION = 1
+_VERSION_KEY = "__format__"
 _TYPES: dict[str, type] = {}
 
 
@@ -72,7 +78,8 @@ def dumps(obj: Any) -> bytes:
     arrays: list[np.ndarray] = []
     skeleton = json.dumps(_encode(obj, arrays))
     buffer = io.BytesIO()
-    np.savez(buffer, __skeleton__=np.frombuffer(skeleton.encode(), dtype=np.uint8),
+    np.savez(buffer, **{_VERSION_KEY: np.array(FORMAT_VERSION, dtype=np.int64)},
+             __skeleton__=np.frombuffer(skeleton.encode(), dtype=np.uint8),
              **{f"a{i}": a for i, a in enumerate(arrays)})
     return buffer.getvalue()
 
@@ -80,6 +87,10 @@ def dumps(obj: Any) -> bytes:
 def loads(data: bytes) -> Any:
     with np.load(io.BytesIO(data), allow_pickle=False) as npz:
         arrays = {k: npz[k] for k in npz.files}
+    version = int(arrays.pop(_VERSION_KEY)) if _VERSION_KEY in arrays else 1
+    if version > FORMAT_VERSION:
+        raise ConfigError(f"this state was saved in format {version}; this clusterfed reads "
+                          f"formats up to {FORMAT_VERSION}: update clusterfed to load it")
     skeleton = json.loads(arrays.pop("__skeleton__").tobytes().decode())
     return _decode(skeleton, arrays)
 

@@ -16,10 +16,8 @@ from clusterfed.algorithms.aggregate import weighted_mean
 from clusterfed.clustering.cfl_math import (
     alpha_cross_max,
     complete_linkage_bipartition,
-    cosine_similarity_matrix,
     cross_similarity_bound,
     gamma_max,
-    gram_matrix,
     intra_similarity_min,
     map_to_clients,
     max_norm_stagnates,
@@ -35,6 +33,7 @@ from clusterfed.clustering.cfl_math import (
     update_norms,
 )
 from clusterfed.clustering.metrics import clustering_scores
+from clusterfed.clustering.similarity import cosine_similarity_matrix, gram_matrix
 
 # ------------------------------------------------------------------------------------------
 # helpers

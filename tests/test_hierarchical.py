@@ -9,6 +9,7 @@ import pytest
 from scipy.spatial.distance import cdist
 
 from clusterfed.clustering import hierarchical as hc
+from clusterfed.clustering.precomputed import first_appearance_labels
 
 PAIRINGS = [(m, k) for m in hc.METRICS for k in hc.LINKAGES if k != "ward" or m == "l2"]
 
@@ -24,7 +25,7 @@ def groups_of_vectors(sizes=(5, 3, 6), d=40, noise=0.05, seed=0):
 
 
 @pytest.mark.parametrize("metric", hc.METRICS)
-def test_distances_match_brute_force_in_any_number_of_column_blocks(metric, monkeypatch):
+def test_distances_match_brute_force_in_any_number_of_column_blocks(metric):
     rng = np.random.default_rng(1)
     vectors = rng.normal(size=(7, 301)).astype(np.float32)
     vectors[3] = 0.0   # a zero vector: cosine distance 1 to every other vector
@@ -34,9 +35,8 @@ def test_distances_match_brute_force_in_any_number_of_column_blocks(metric, monk
     if metric == "cosine":
         expected[3, :] = expected[:, 3] = 1.0
         np.fill_diagonal(expected, 0.0)
-    for chunk_bytes in (hc.CHUNK_BYTES, 7 * 8 * 13):   # one block; 24 blocks of 13 columns
-        monkeypatch.setattr(hc, "CHUNK_BYTES", chunk_bytes)
-        got = hc.pairwise_distances(vectors, metric)
+    for chunk_size in (None, 13):   # one block; 24 blocks of 13 columns
+        got = hc.pairwise_distances(vectors, metric, chunk_size=chunk_size)
         np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-9)
         assert np.array_equal(got, got.T) and np.all(np.diag(got) == 0)
 
@@ -129,7 +129,7 @@ def test_median_rule_and_a_precomputed_condensed_matrix():
 
 
 def test_labels_are_numbered_by_first_appearance():
-    assert hc.first_appearance_labels(np.array([5, 2, 5, 9, 2])).tolist() == [0, 1, 0, 2, 1]
+    assert first_appearance_labels(np.array([5, 2, 5, 9, 2])).tolist() == [0, 1, 0, 2, 1]
 
 
 def test_label_order_does_not_depend_on_the_rows_order():

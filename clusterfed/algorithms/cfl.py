@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from clusterfed.algorithms.aggregate import aggregation_weights, weighted_mean
+from clusterfed.algorithms.aggregate import aggregation_weights, cluster_fedavg, weighted_mean
 from clusterfed.algorithms.base import (
     ALGORITHMS,
     ClusterView,
@@ -53,6 +53,7 @@ from clusterfed.algorithms.base import (
 )
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
 from clusterfed.clustering import cfl_math
+from clusterfed.clustering.similarity import cosine_similarity_matrix
 from clusterfed.state import serialisable
 
 NOT_JOINED = -1
@@ -252,7 +253,7 @@ class CFL:
                    if self.similarity_from == "gradients" and set(clients.tolist()) <= set(
                        gradients) else updates)
         if len(results) >= 2:
-            similarity = cfl_math.cosine_similarity_matrix(signals)
+            similarity = cosine_similarity_matrix(signals)
             bipartition = self._bipartition(similarity)
             info.update(alpha_cross_max=bipartition[2], gamma_bound=cfl_math.gamma_max(
                 bipartition[2]))
@@ -378,12 +379,15 @@ def split_leaf(state: CFLState, leaf: int, parts: tuple[np.ndarray, np.ndarray],
     parent_model = state.models[k]
     members = state.nodes[leaf].members
     nodes = list(state.nodes)
-    child_ids, child_models = [], []
+    child_models = np.repeat(parent_model[None], len(parts), axis=0)
+    if not restart:
+        rows = np.concatenate(parts)
+        side = np.repeat(np.arange(len(parts)), [len(p) for p in parts])
+        child_models = cluster_fedavg(child_models, updates[rows], side, weights[rows])
+    child_ids = []
     for part in parts:
         # Map sub-matrix positions back to client ids (the authors' code gets this wrong).
         child_members = np.sort(cfl_math.map_to_clients(members, part))
-        child_models.append(parent_model if restart else
-                            parent_model + weighted_mean(updates[part], weights[part]))
         child_ids.append(len(nodes))
         nodes.append(Node(members=child_members, parent=leaf,
                           edge_updates=updates[part].astype(np.float32)))
@@ -411,7 +415,7 @@ def route_one_level(state: CFLState, client: int, node: int, update: np.ndarray
     the node's two children (spec 2.4). Ties go to the second child, as in the box.
     """
     v0, v1 = state.nodes[node].children
-    a0, a1 = (float(cfl_math.cosine_similarity_matrix(
+    a0, a1 = (float(cosine_similarity_matrix(
         np.concatenate([update[None], state.nodes[v].edge_updates]))[0, 1:].max())
         for v in (v0, v1))
     target = v0 if a0 > a1 else v1

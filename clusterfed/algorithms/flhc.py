@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from clusterfed.algorithms.aggregate import aggregation_weights, weighted_mean
+from clusterfed.algorithms.aggregate import aggregation_weights, cluster_fedavg, results_fedavg
 from clusterfed.algorithms.base import (
     ALGORITHMS,
     ClusterView,
@@ -39,7 +39,6 @@ from clusterfed.algorithms.base import (
     Update,
     check_choices,
 )
-from clusterfed.algorithms.fedavg import apply_updates
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
 from clusterfed.clustering import hierarchical as hc
 from clusterfed.state import serialisable
@@ -76,13 +75,8 @@ def sample_in_cluster(seed: int, round_index: int, cluster: int, members: np.nda
 def cluster_models(base: np.ndarray, labels: np.ndarray, updates: np.ndarray,
                    weights: np.ndarray, from_updates: bool) -> np.ndarray:
     """One model per cluster: w_n for each (paper), or w_n + the members' weighted mean update."""
-    k = int(labels.max()) + 1
-    models = np.repeat(base[None], k, axis=0).astype(np.float32)
-    if from_updates:
-        for c in range(k):
-            members = labels == c
-            models[c] = base + weighted_mean(updates[members], weights[members])
-    return models
+    models = np.repeat(base[None], int(labels.max()) + 1, axis=0).astype(np.float32)
+    return cluster_fedavg(models, updates, labels, weights) if from_updates else models
 
 
 @ALGORITHMS.register("flhc")
@@ -173,13 +167,12 @@ class FLHC:
                ) -> Update:
         if self._is_clustering_round(state, ctx):
             return self._cluster(state, results)
-        if not state.clustered:
-            model = apply_updates(state.models[0], results, self.weighting)   # Eq. 2
-            return Update(replace(state, models=model[None]))
-        models = state.models.copy()
-        for cluster in range(len(models)):
-            group = [r for r in results if r.meta.get("cluster") == cluster]
-            models[cluster] = apply_updates(models[cluster], group, self.weighting)  # Eq. 4
+        if not state.clustered:   # Eq. 2
+            models = results_fedavg(state.models, results, [0] * len(results), self.weighting)
+            return Update(replace(state, models=models))
+        trained = [r for r in results if r.meta.get("cluster") is not None]
+        models = results_fedavg(state.models, trained, [int(r.meta["cluster"]) for r in trained],
+                                self.weighting)   # Eq. 4
         sizes = np.bincount(state.assignment, minlength=len(models))
         metrics = {"flhc": {"trained": len(results),
                             "cluster_sizes": sizes.tolist()}}

@@ -57,7 +57,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from clusterfed.algorithms.aggregate import aggregation_weights
+from clusterfed.algorithms.aggregate import aggregation_weights, cluster_fedavg
 from clusterfed.algorithms.base import (
     ALGORITHMS,
     ClusterView,
@@ -105,22 +105,6 @@ def clustering_objective(losses: np.ndarray, weights: np.ndarray) -> np.ndarray:
 def one_hot(choice: np.ndarray, k: int) -> np.ndarray:
     """s_i: row i has a 1 in column choice[i] (Algorithm 1, line 7)."""
     return (np.asarray(choice)[:, None] == np.arange(k)[None, :]).astype(np.float64)
-
-
-def average_models(models: np.ndarray, updates: np.ndarray, choice: np.ndarray,
-                   weights: np.ndarray) -> np.ndarray:
-    """Option II: theta_j <- sum_i s_ij w_i (theta_j + Delta_i) / sum_i s_ij w_i.
-
-    The returned models theta_j + Delta_i are averaged as updates, which is the same mean with
-    less rounding. Clusters that no client chose keep their model.
-    """
-    s = one_hot(choice, len(models)) * np.asarray(weights, dtype=np.float64)[:, None]
-    mass = s.sum(axis=0)
-    sums = s.T @ updates.astype(np.float64)
-    chosen = mass > 0
-    out = models.astype(np.float64)
-    out[chosen] += sums[chosen] / mass[chosen, None]
-    return out.astype(np.float32)
 
 
 def gradient_step(models: np.ndarray, gradients: np.ndarray, choice: np.ndarray,
@@ -359,8 +343,8 @@ class IFCA:
         labels = tree.labels
         weights = aggregation_weights(np.array([x.num_samples for x in results]), self.weighting)
         base = state.models[0, 0]
-        models = np.stack([base + (weights[labels == j, None] * updates[labels == j]).sum(0)
-                           / weights[labels == j].sum() for j in range(tree.num_clusters)])
+        models = cluster_fedavg(np.repeat(base[None], tree.num_clusters, axis=0), updates,
+                                labels, weights)
         n = state.choice.shape[1]
         choice = np.full((1, n), NEVER, dtype=np.int64)
         choice[0, clients] = labels
@@ -388,7 +372,9 @@ class IFCA:
             choice = np.array([int(x.meta["cluster"]) for x in own])
             weights = aggregation_weights(np.array([x.num_samples for x in own]), self.weighting)
             if self.aggregate == "models":
-                models[r] = average_models(models[r], vectors, choice, weights)
+                # Option II: theta_j <- sum_i s_ij w_i (theta_j + Delta_i) / sum_i s_ij w_i,
+                # averaged as updates: the same mean with less rounding.
+                models[r] = cluster_fedavg(models[r], vectors, choice, weights)
             else:
                 models[r] = gradient_step(models[r], vectors, choice, weights, ctx.train.lr,
                                           self.gradient_scale)

@@ -33,7 +33,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from clusterfed.algorithms.aggregate import aggregation_weights, weighted_mean
+from clusterfed.algorithms.aggregate import (
+    aggregation_weights,
+    cluster_fedavg,
+    results_fedavg,
+    weighted_mean,
+)
 from clusterfed.algorithms.base import (
     ALGORITHMS,
     ClusterView,
@@ -309,7 +314,7 @@ class LCFL:
         assert k is not None
         found = pc.k_medoids(d, min(k, len(d)), method=self.kmedoids_method,
                              init=self.kmedoids_init, restarts=self.restarts)
-        return pc.relabel(found.labels)
+        return pc.first_appearance_labels(found.labels)
 
     def _cluster(self, state: LCFLState, results: Sequence[ClientResult]) -> Update:
         assert state.warm_models is not None
@@ -325,8 +330,10 @@ class LCFL:
         elif self.cluster_init == "medoid":
             models = state.warm_models[medoids]
         else:
-            models = np.stack([weighted_mean(state.warm_models[labels == c], aggregation_weights(
-                state.num_samples[labels == c], self.weighting)) for c in range(clusters)])
+            # Each cluster's weighted mean model: FedAvg of its members' models from zero.
+            zero = np.zeros((clusters, state.warm_models.shape[1]), dtype=np.float32)
+            models = cluster_fedavg(zero, state.warm_models, labels, aggregation_weights(
+                state.num_samples, self.weighting))
         cost = exchange_cost(self.metric, self.warmup, m, num_params, self.gradcos_from)
         seconds = [float(r.meta.get("seconds", 0.0)) for r in results]
         shown = logged_clients(m, self.log_distance_clients)
@@ -343,14 +350,9 @@ class LCFL:
         return Update(new, metrics, [event])
 
     def _cluster_fedavg(self, state: LCFLState, results: Sequence[ClientResult]) -> LCFLState:
-        models = state.models.copy()
-        for c in range(len(models)):
-            group = [r for r in results if int(r.meta["cluster"]) == c]
-            if group:
-                weights = aggregation_weights(np.array([r.num_samples for r in group]),
-                                              self.weighting)
-                models[c] += weighted_mean(np.stack([r.update for r in group]), weights)
-        return replace(state, models=models)
+        clusters = [int(r.meta["cluster"]) for r in results]
+        return replace(state, models=results_fedavg(state.models, results, clusters,
+                                                    self.weighting))
 
     def clusters(self, state: LCFLState) -> ClusterView:
         return ClusterView(state.models, state.assignment)

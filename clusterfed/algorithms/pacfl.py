@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from clusterfed.algorithms.aggregate import aggregation_weights, weighted_mean
+from clusterfed.algorithms.aggregate import aggregation_weights, results_fedavg
 from clusterfed.algorithms.base import (
     ALGORITHMS,
     ClusterView,
@@ -48,6 +48,7 @@ from clusterfed.algorithms.base import (
     check_choices,
 )
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
+from clusterfed.clustering import precomputed as pc
 from clusterfed.clustering import principal_angles as pa
 from clusterfed.clustering.precomputed import NO_STRUCTURE, choose_clusters
 from clusterfed.state import serialisable
@@ -101,7 +102,7 @@ class PACFL:
     sees: ClassVar[frozenset[str]] = frozenset({"feature", "label"})
     toy_mixture_options: ClassVar[dict[str, Any] | None] = None
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
-        "linkage": pa.LINKAGES, "measure": pa.MEASURES, "signature": ("per_class", "whole"),
+        "linkage": pc.LINKAGES, "measure": pa.MEASURES, "signature": ("per_class", "whole"),
         "svd": pa.SVD_METHODS, "newcomer_rule": ("nearest", "rerun")}
     newcomer_set: frozenset[int] = field(init=False, repr=False, default=frozenset())
 
@@ -216,7 +217,7 @@ class PACFL:
             return tree, pa.cut_tree(tree, n, self.beta, self.n_clusters)
         labels, _ = choose_clusters(proximity, lambda k: pa.cut_tree(tree, n, n_clusters=k),
                                     self.k_max, self.min_silhouette)
-        return tree, pa.canonical_labels(labels)
+        return tree, pc.first_appearance_labels(labels)
 
     def _clustering_event(self, kind: str, ids: np.ndarray, proximity: np.ndarray,
                           tree: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
@@ -318,26 +319,17 @@ class PACFL:
     def _aggregate(self, state: PACFLState, results: Sequence[ClientResult]
                    ) -> tuple[PACFLState, dict[str, Any]]:
         """Alg. 1 lines 23-25: |D_k|-weighted FedAvg inside each cluster over its participants."""
-        groups: dict[int, list[ClientResult]] = {}
-        finetuned = 0
-        for r in results:
-            if r.kind is not TaskKind.TRAIN:
-                continue
-            if r.meta.get("finetune"):
-                finetuned += 1
-            elif state.assignment[r.client] != UNASSIGNED:   # e.g. its signature was rejected
-                groups.setdefault(int(state.assignment[r.client]), []).append(r)
-        models = state.models.copy()
-        for z, group in sorted(groups.items()):
-            group.sort(key=lambda r: r.client)
-            updates = np.stack([r.update for r in group])
-            weights = aggregation_weights(np.array([r.num_samples for r in group]),
-                                          self.weighting)
-            models[z] = models[z] + weighted_mean(updates, weights)
-        trained = sum(len(g) for g in groups.values())
+        train = [r for r in results if r.kind is TaskKind.TRAIN]
+        finetuned = sum(1 for r in train if r.meta.get("finetune"))
+        # A client without a cluster (e.g. its signature was rejected) adds to no model.
+        group = sorted((r for r in train if not r.meta.get("finetune")
+                        and state.assignment[r.client] != UNASSIGNED), key=lambda r: r.client)
+        clusters = [int(state.assignment[r.client]) for r in group]
+        models = results_fedavg(state.models, group, clusters, self.weighting)
+        trained = len(group)
         d = models.shape[1]
         # Per round: one model down per training client, one up unless it only fine-tunes.
-        metrics = {"clusters_trained": len(groups), "clients_trained": trained,
+        metrics = {"clusters_trained": len(set(clusters)), "clients_trained": trained,
                    "finetuned": finetuned, "down_floats": (trained + finetuned) * d,
                    "up_floats": trained * d}
         return replace(state, models=models), metrics

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from clusterfed.client.sgd import sgd_step
 from clusterfed.client.tasks import (
     ClientResult,
     ClientTask,
@@ -65,19 +66,8 @@ def train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tens
         w.requires_grad_(True)
         loss = F.cross_entropy(model(w, x[idx]), y[idx])
         (grad,) = torch.autograd.grad(loss, w)
-        w = w.detach()
-        if spec.clip_grad_norm:
-            grad = clip_by_norm(grad, spec.clip_grad_norm)
-        if spec.weight_decay:
-            grad = grad.add(w, alpha=spec.weight_decay)
-        if mu:
-            grad = grad + mu * (w - params)
-        if spec.momentum:
-            velocity = grad if velocity is None else velocity.mul_(spec.momentum).add_(grad)
-            grad = velocity
-        if correction is not None:
-            grad = grad + correction
-        w.add_(grad, alpha=-spec.lr)
+        w, velocity = sgd_step(w.detach(), grad, velocity, spec, prox_mu=mu, anchor=params,
+                               correction=correction)
         total += loss.detach().item()
     return w - params, total / steps
 
@@ -142,22 +132,9 @@ def meta_train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch
     steps = spec.num_steps(len(y))
     for _ in range(steps):
         grad, loss = meta_gradient(model, w, batches, x, y, objective)
-        if spec.clip_grad_norm:
-            grad = clip_by_norm(grad, spec.clip_grad_norm)
-        if spec.weight_decay:
-            grad = grad.add(w, alpha=spec.weight_decay)
-        if spec.momentum:
-            velocity = grad if velocity is None else velocity.mul_(spec.momentum).add_(grad)
-            grad = velocity
-        w = w - spec.lr * grad
+        w, velocity = sgd_step(w, grad, velocity, spec)
         total += loss
     return w - params, total / steps
-
-
-def clip_by_norm(grad: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """Scale `grad` down to norm `max_norm` if it is longer (torch's clip_grad_norm_ rule)."""
-    scale = max_norm / (float(grad.norm()) + 1e-6)
-    return grad * scale if scale < 1.0 else grad
 
 
 @torch.no_grad()

@@ -13,86 +13,27 @@ themselves as client ids, which is wrong for every split below the first.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-# Columns per block in the chunked products: a float64 block of m rows stays near this many bytes.
-_BLOCK_BYTES = 32 * 2**20
+from clusterfed.clustering.similarity import as_vectors, column_blocks
+
 # Rows per tile when mirroring a similarity matrix's upper triangle.
 _TILE_ROWS = 256
 
 
 # --------------------------------------------------------------------------------------------
-# Cosine similarities and update norms (Eqs. 13, 44/51; Eqs. 32/33; Alg. 5 line 16)
+# Update norms (Eqs. 32/33; Alg. 5 line 16); the cosine similarities (Eqs. 13, 44/51) are
+# `similarity.cosine_similarity_matrix`.
 # --------------------------------------------------------------------------------------------
-
-
-def _as_updates(updates: np.ndarray) -> np.ndarray:
-    """The (m, d) matrix of flat updates, as given (no copy); rejects anything else."""
-    array = np.asarray(updates)
-    if array.ndim != 2:
-        raise ValueError(f"updates must be an (m, d) matrix, got shape {array.shape}")
-    if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
-        raise ValueError(f"updates must be real numbers, got dtype {array.dtype}")
-    return array
-
-
-def _column_blocks(updates: np.ndarray, chunk_size: int | None) -> Iterator[np.ndarray]:
-    """float64 copies of consecutive column blocks of `updates`, each checked to be finite."""
-    m, d = updates.shape
-    if chunk_size is None:
-        chunk_size = max(1, _BLOCK_BYTES // (8 * max(m, 1)))
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
-    for start in range(0, d, chunk_size):
-        block = np.asarray(updates[:, start:start + chunk_size], dtype=np.float64)
-        if not np.isfinite(block).all():
-            raise ValueError("updates contain NaN or infinite values")
-        yield block
-
-
-def gram_matrix(updates: np.ndarray, *, chunk_size: int | None = None) -> np.ndarray:
-    """G = U U^T in float64, accumulated over column blocks of U; exactly symmetric.
-
-    Only one (m, chunk_size) float64 block exists at a time, so a float32 U of 100 clients by
-    1.7M parameters is never copied whole. `chunk_size` is the number of columns per block
-    (default: blocks of about 32 MiB).
-    """
-    u = _as_updates(updates)
-    m = u.shape[0]
-    gram = np.zeros((m, m), dtype=np.float64)
-    for block in _column_blocks(u, chunk_size):
-        gram += block @ block.T
-    return (gram + gram.T) / 2.0  # a + b == b + a exactly: the result is symmetric bit for bit
-
-
-def cosine_similarity_matrix(updates: np.ndarray, *, chunk_size: int | None = None) -> np.ndarray:
-    """alpha_ij = <u_i, u_j> / (||u_i|| ||u_j||) for all rows of an (m, d) matrix (Eqs. 13, 44).
-
-    One Gram matrix, accumulated in float64 over column blocks (see :func:`gram_matrix`).
-
-    Zero rows: a zero update has no direction, so its cosine with every row, itself included, is
-    0 (the convention of ``sklearn.metrics.pairwise.cosine_similarity``, and what the authors'
-    code gets from its 1e-12 in the denominator). Every other diagonal entry is exactly 1. Values
-    are clipped to [-1, 1] and the matrix is exactly symmetric.
-    """
-    gram = gram_matrix(updates, chunk_size=chunk_size)
-    norms = np.sqrt(np.diag(gram))
-    nonzero = norms > 0
-    inverse = np.zeros_like(norms)
-    inverse[nonzero] = 1.0 / norms[nonzero]
-    # outer(inv, inv) is symmetric bit for bit, so the product keeps the Gram matrix's symmetry.
-    similarity = np.clip(gram * np.outer(inverse, inverse), -1.0, 1.0)
-    np.fill_diagonal(similarity, nonzero.astype(np.float64))
-    return similarity
 
 
 def update_norms(updates: np.ndarray, *, chunk_size: int | None = None) -> np.ndarray:
     """||u_i|| of every row, in float64, accumulated over column blocks."""
-    u = _as_updates(updates)
+    u = as_vectors(updates)
     squares = np.zeros(u.shape[0], dtype=np.float64)
-    for block in _column_blocks(u, chunk_size):
+    for block in column_blocks(u, chunk_size):
         squares += np.einsum("ij,ij->i", block, block)
     return np.sqrt(squares)
 
@@ -114,7 +55,7 @@ def mean_update_norm(updates: np.ndarray, weights: np.ndarray | None = None, *,
     |D_i|/|D_c| weighting of Alg. 2 and Eq. 32, or None (equal weights) for the 1/|c| mean of
     Alg. 5 and Eq. 46. Spec A1: use the weighting that the cluster's aggregation uses.
     """
-    u = _as_updates(updates)
+    u = as_vectors(updates)
     m = u.shape[0]
     if m == 0:
         raise ValueError("mean_update_norm needs at least one update")
@@ -125,7 +66,7 @@ def mean_update_norm(updates: np.ndarray, weights: np.ndarray | None = None, *,
         raise ValueError("weights must be finite, non-negative and not all zero")
     w = w / w.sum()
     square = 0.0
-    for block in _column_blocks(u, chunk_size):
+    for block in column_blocks(u, chunk_size):
         mean_block = w @ block
         square += float(mean_block @ mean_block)
     return float(np.sqrt(square))

@@ -5,8 +5,8 @@ method that holds a precomputed distance matrix (`cluster_condensed`).
 
 Conventions (FL+HC spec A9, A10):
 - metrics "l1" (Manhattan), "l2" (Euclidean), "cosine" (1 - cos, in [0, 2]);
-- linkages "single", "complete", "average" (UPGMA, what scipy calls average) and "ward"
-  (Euclidean only; scipy's height sqrt(2|A||B|/(|A|+|B|)) ||mu_A - mu_B||);
+- linkages "single", "complete", "average" (UPGMA, what scipy calls average), "weighted" (WPGMA)
+  and "ward" (Euclidean only; scipy's height sqrt(2|A||B|/(|A|+|B|)) ||mu_A - mu_B||);
 - the cut merges while the merge height is <= tau (scipy `fcluster(criterion="distance")`).
 """
 
@@ -18,10 +18,17 @@ import numpy as np
 from scipy.cluster import hierarchy
 from scipy.spatial.distance import pdist, squareform
 
+from clusterfed.clustering import precomputed as pc
 from clusterfed.clustering.precomputed import NO_STRUCTURE, choose_clusters
+from clusterfed.clustering.similarity import (
+    as_vectors,
+    column_blocks,
+    cosine_distance_matrix,
+    euclidean_distance_matrix,
+)
 
 METRICS = ("l1", "l2", "cosine")
-LINKAGES = ("single", "complete", "average", "ward")
+LINKAGES = (*pc.LINKAGES, "ward")   # Ward on the vectors themselves
 # How the threshold is read: an absolute merge height (the paper's tau); scale-free: a
 # fraction of the largest merge height, a multiple of the median merge height (most merges
 # join similar clients, so the median is the within-group scale), a number of clusters, or
@@ -31,7 +38,6 @@ THRESHOLD_MODES = ("absolute", "relative", "median", "clusters", "silhouette")
 # The threshold each mode reads when none is given; the others need one.
 DEFAULT_THRESHOLDS = {"absolute": 3.0, "silhouette": NO_STRUCTURE}
 SILHOUETTE_K_MAX = 10
-CHUNK_BYTES = 64 * 2**20   # float64 working memory per column block
 
 
 @dataclass(frozen=True)
@@ -55,8 +61,7 @@ def check_metric_linkage(metric: str, linkage: str) -> None:
     """Reject unknown names and Ward with a non-Euclidean metric (its heights assume L2)."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    if linkage not in LINKAGES:
-        raise ValueError(f"linkage must be one of {', '.join(LINKAGES)}, got {linkage!r}")
+    pc.check_linkage(linkage, LINKAGES)
     if linkage == "ward" and metric != "l2":
         raise ValueError(f"ward linkage needs the l2 (Euclidean) metric, got {metric!r}")
 
@@ -77,63 +82,32 @@ def check_threshold(mode: str, threshold: float) -> None:
         raise ValueError(f"threshold must be >= 0, got {threshold}")
 
 
-def column_blocks(vectors: np.ndarray) -> list[np.ndarray]:
-    """Column blocks of `vectors` (views) whose float64 copies fit in CHUNK_BYTES."""
-    n, d = vectors.shape
-    width = max(1, CHUNK_BYTES // (8 * max(n, 1)))
-    return [vectors[:, j:j + width] for j in range(0, d, width)]
-
-
-def gram_matrix(vectors: np.ndarray) -> np.ndarray:
-    """V V^T in float64, accumulated over column blocks (V may be float32 and large)."""
-    gram = np.zeros((len(vectors), len(vectors)))
-    for block in column_blocks(vectors):
-        block = block.astype(np.float64)
-        gram += block @ block.T
-    return gram
-
-
-def pairwise_distances(vectors: np.ndarray, metric: str) -> np.ndarray:
+def pairwise_distances(vectors: np.ndarray, metric: str, *, chunk_size: int | None = None
+                       ) -> np.ndarray:
     """(n, n) float64 distances between the rows of `vectors` (n x d).
 
     L2 and cosine come from one Gram matrix (a matrix product); L1 sums scipy's C `pdist`
-    over column blocks. Neither loops over pairs in Python nor holds V in float64 at once.
-    A zero vector is at cosine distance 1 from every other vector.
+    over column blocks (`chunk_size` columns, default about 32 MiB of float64). Neither loops
+    over pairs in Python nor holds V in float64 at once. A zero vector is at cosine distance 1
+    from every other vector.
     """
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    vectors = np.asarray(vectors)
-    if vectors.ndim != 2:
-        raise ValueError("pairwise_distances needs an (n, d) array")
+    vectors = as_vectors(vectors)
     n = len(vectors)
+    if metric == "cosine":
+        return cosine_distance_matrix(vectors, chunk_size=chunk_size)
     if metric == "l1":
         condensed = np.zeros(n * (n - 1) // 2)
-        for block in column_blocks(vectors):
-            condensed += pdist(block.astype(np.float64), "cityblock")
+        for block in column_blocks(vectors, chunk_size):
+            condensed += pdist(block, "cityblock")
         return squareform(condensed)
-    gram = gram_matrix(vectors)
-    sq = np.diag(gram).copy()
-    if metric == "l2":
-        dist = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2.0 * gram, 0.0))
-    else:
-        norms = np.sqrt(sq)
-        safe = np.where(norms > 0, norms, 1.0)
-        cos = gram / safe[:, None] / safe[None, :]
-        dist = np.clip(1.0 - cos, 0.0, 2.0)
-    np.fill_diagonal(dist, 0.0)
-    return (dist + dist.T) / 2.0   # exact symmetry for squareform
+    return euclidean_distance_matrix(vectors, chunk_size=chunk_size)
 
 
 def to_condensed(distances: np.ndarray) -> np.ndarray:
     """The upper triangle of a square distance matrix, as scipy's linkage takes it."""
     return squareform(np.asarray(distances, dtype=np.float64), checks=False)
-
-
-def first_appearance_labels(labels: np.ndarray) -> np.ndarray:
-    """Renumber cluster labels 0, 1, ... in the order their first member appears."""
-    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
-    rank = np.argsort(np.argsort(first))
-    return rank[inverse].astype(np.int64)
 
 
 def absolute_threshold(heights: np.ndarray, mode: str, threshold: float) -> float:
@@ -157,8 +131,7 @@ def cluster_condensed(condensed: np.ndarray, linkage: str, threshold: float,
     "median": at threshold x the median merge height; "clusters": cut into at most
     `threshold` clusters (scipy's "maxclust").
     """
-    if linkage not in LINKAGES:
-        raise ValueError(f"linkage must be one of {', '.join(LINKAGES)}, got {linkage!r}")
+    pc.check_linkage(linkage, LINKAGES)
     check_threshold(mode, threshold)
     condensed = np.asarray(condensed, dtype=np.float64)
     n = int(round((1 + np.sqrt(1 + 8 * len(condensed))) / 2))
@@ -181,7 +154,7 @@ def cluster_condensed(condensed: np.ndarray, linkage: str, threshold: float,
         raw = hierarchy.fcluster(tree, t=int(threshold), criterion="maxclust")
     else:
         raw = hierarchy.fcluster(tree, t=cut, criterion="distance")
-    return Dendrogram(first_appearance_labels(raw), tree, cut)
+    return Dendrogram(pc.first_appearance_labels(raw), tree, cut)
 
 
 def hierarchical_clusters(vectors: np.ndarray, metric: str, linkage: str, threshold: float,

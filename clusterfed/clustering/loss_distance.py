@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-CHUNK_ROWS = 256   # rows per block of a Gram matrix: bounds memory to CHUNK_ROWS x n floats
+from clusterfed.clustering.similarity import cosine_distance_matrix, euclidean_distance_matrix
 
 
 def half_row(losses: np.ndarray, own: int) -> np.ndarray:
@@ -55,36 +55,11 @@ def eq6_distance(loss_matrix: np.ndarray) -> np.ndarray:
     return d
 
 
-def _gram(vectors: np.ndarray) -> np.ndarray:
-    """V V^T (float32 products, float64 result), one block of rows at a time."""
-    v = np.ascontiguousarray(vectors, dtype=np.float32)
-    n = len(v)
-    out = np.empty((n, n), dtype=np.float64)
-    for start in range(0, n, CHUNK_ROWS):
-        out[start:start + CHUNK_ROWS] = v[start:start + CHUNK_ROWS] @ v.T
-    return out
-
-
 def diffnorm_distance(params: np.ndarray) -> np.ndarray:
-    """DiffNorm (Eq. 1, [41]): ||w_i - w_j||_2 over all parameters concatenated.
-
-    The vectors are centred first (distances do not change): the Gram identity
-    ||a - b||^2 = |a|^2 + |b|^2 - 2 a.b then cancels little even for nearby models.
-    """
-    p = np.asarray(params, dtype=np.float32)
-    gram = _gram(p - p.mean(axis=0, dtype=np.float64).astype(np.float32))
-    sq = np.diag(gram)
-    d = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2.0 * gram, 0.0))
-    np.fill_diagonal(d, 0.0)
-    return d
+    """DiffNorm (Eq. 1, [41]): ||w_i - w_j||_2 over all parameters concatenated."""
+    return euclidean_distance_matrix(np.asarray(params, dtype=np.float32))
 
 
 def gradcos_distance(gradients: np.ndarray) -> np.ndarray:
     """GradCos (Sattler et al. [38]): 1 - cos(g_i, g_j); a zero gradient is orthogonal to all."""
-    gram = _gram(gradients)
-    norms = np.sqrt(np.maximum(np.diag(gram), 0.0))
-    norms[norms == 0] = np.inf
-    d = 1.0 - gram / norms[:, None] / norms[None, :]
-    d = np.clip(d, 0.0, 2.0)
-    np.fill_diagonal(d, 0.0)
-    return d
+    return cosine_distance_matrix(gradients)

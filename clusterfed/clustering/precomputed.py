@@ -19,7 +19,9 @@ from sklearn.metrics import silhouette_score
 
 MEDOID_METHODS = ("pam", "alternate")
 MEDOID_INITS = ("build", "heuristic", "random")
-LINKAGES = ("average", "complete", "single")
+# scipy's linkages that need only distances between the points. "weighted" (WPGMA) is what
+# PACFL's authors call "average"; Ward needs Euclidean vectors (`hierarchical.LINKAGES`).
+LINKAGES = ("average", "complete", "single", "weighted")
 NOISE_RULES = ("nearest", "singletons", "together")
 
 
@@ -32,11 +34,16 @@ def check_distance(d: np.ndarray) -> np.ndarray:
     return d
 
 
-def relabel(labels: np.ndarray) -> np.ndarray:
-    """Labels renumbered 0..K-1 in order of first appearance."""
+def check_linkage(method: str, allowed: tuple[str, ...] = LINKAGES) -> None:
+    if method not in allowed:
+        raise ValueError(f"linkage must be one of {', '.join(allowed)}, got {method!r}")
+
+
+def first_appearance_labels(labels: np.ndarray) -> np.ndarray:
+    """Cluster labels renumbered 0, 1, ... in the order their first member appears."""
     _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
-    order = np.argsort(np.argsort(first))
-    return order[inverse].astype(np.int64)
+    rank = np.argsort(np.argsort(first))
+    return rank[inverse].astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -150,14 +157,13 @@ def hierarchical(d: np.ndarray, *, k: int | None = None, threshold: float | None
     d = check_distance(d)
     if (k is None) == (threshold is None):
         raise ValueError("hierarchical clustering needs exactly one of k and threshold")
-    if linkage_method not in LINKAGES:
-        raise ValueError(f"linkage must be one of {LINKAGES}, got {linkage_method!r}")
+    check_linkage(linkage_method)
     if len(d) == 1:
         return np.zeros(1, dtype=np.int64)
     tree = linkage(squareform((d + d.T) / 2, checks=False), method=linkage_method)
     labels = (fcluster(tree, t=k, criterion="maxclust") if k is not None
               else fcluster(tree, t=threshold, criterion="distance"))
-    return relabel(labels)
+    return first_appearance_labels(labels)
 
 
 def fence_eps(d: np.ndarray, min_samples: int) -> float:
@@ -194,7 +200,7 @@ def dbscan(d: np.ndarray, *, eps: float | None = None, min_samples: int = 5,
         labels[outliers] = labels.max() + 1 + np.arange(len(outliers))
     else:
         labels[outliers] = labels.max() + 1
-    return relabel(labels)
+    return first_appearance_labels(labels)
 
 
 def silhouette(d: np.ndarray, labels: np.ndarray) -> float:
@@ -238,7 +244,7 @@ def best_by_silhouette(d: np.ndarray, labels_for_k: Callable[[int], np.ndarray],
     best = max(scores, key=lambda k: (scores[k], -k))
     if min_silhouette is not None and scores[best] < min_silhouette:
         return one, scores
-    return relabel(found[best]), scores
+    return first_appearance_labels(found[best]), scores
 
 
 def substantial_clusters(d: np.ndarray, labels_for_k: Callable[[int], np.ndarray], k_max: int,
@@ -267,7 +273,7 @@ def substantial_clusters(d: np.ndarray, labels_for_k: Callable[[int], np.ndarray
     scores: dict[int, float] = {}
     candidates: dict[int, tuple[np.ndarray, float]] = {}
     for k in range(2, min(k_max, len(d) - 1) + 1):
-        labels = relabel(labels_for_k(k))
+        labels = first_appearance_labels(labels_for_k(k))
         counts = np.bincount(labels)
         if len(counts) < 2 or counts.min() < min_size:
             continue

@@ -24,8 +24,9 @@ import numpy as np
 from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
 
+from clusterfed.clustering.precomputed import check_linkage, first_appearance_labels
+
 MEASURES = ("min_pair", "principal_min", "ordered_sum", "principal_sum")
-LINKAGES = ("weighted", "average", "complete", "single")  # "weighted" = the authors' "average"
 SVD_METHODS = ("auto", "gram", "exact", "randomized")
 # Above this many matrix entries, `svd="auto"` uses a randomised truncated SVD.
 RANDOMIZED_ABOVE = 20_000_000
@@ -287,20 +288,11 @@ def linkage_tree(proximity: np.ndarray, method: str = "weighted") -> np.ndarray:
 
     "weighted" (WPGMA) is what the authors' code calls "average" (spec 2.3).
     """
-    if method not in LINKAGES:
-        raise ValueError(f"linkage must be one of {', '.join(LINKAGES)}, got {method!r}")
+    check_linkage(method)
     if len(proximity) < 2:
         return np.zeros((0, 4))
     return linkage(squareform(_tidy(np.asarray(proximity, dtype=np.float64)), checks=False),
                    method)
-
-
-def canonical_labels(labels: np.ndarray) -> np.ndarray:
-    """Cluster ids 0, 1, ... in the order of each cluster's smallest member."""
-    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
-    rank = np.empty(len(first), dtype=np.int64)
-    rank[np.argsort(first)] = np.arange(len(first))
-    return rank[inverse]
 
 
 def cut_tree(tree: np.ndarray, n: int, beta: float | None = None,
@@ -314,7 +306,7 @@ def cut_tree(tree: np.ndarray, n: int, beta: float | None = None,
         labels = fcluster(tree, t=beta, criterion="distance")
     else:
         raise ValueError("give beta or n_clusters")
-    return canonical_labels(labels)
+    return first_appearance_labels(labels)
 
 
 def cut_threshold(tree: np.ndarray, n_clusters: int) -> float:

@@ -70,12 +70,28 @@ def cluster_matrix(true: Sequence[int], found: Sequence[int], path: Path) -> Non
     plt.close(fig)
 
 
+# Line styles beyond tab10's ten colours: the first ten lines solid, the next ten dashed, ...
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def line_styles(count: int) -> list[tuple[tuple[float, ...], str]]:
+    """(colour, line style) for `count` lines, no two alike: tab10's colours, then the next
+    style. Raises if there are more lines than pairs."""
+    colours = plt.get_cmap("tab10").colors
+    if count > len(colours) * len(LINE_STYLES):
+        raise ValueError(f"at most {len(colours) * len(LINE_STYLES)} distinguishable lines")
+    return [(tuple(colours[i % len(colours)]), LINE_STYLES[i // len(colours)])
+            for i in range(count)]
+
+
 def compare_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path) -> None:
-    """Mean client accuracy per round, one line per algorithm."""
+    """Mean client accuracy per round, one line per algorithm, each its own colour and style."""
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name, metrics in runs.items():
+    for (name, metrics), (colour, style) in zip(runs.items(), line_styles(len(runs)),
+                                                strict=True):
         rows = _evaluated(metrics)
-        ax.plot([m["round"] for m in rows], [m["mean_accuracy"] for m in rows], label=name)
+        ax.plot([m["round"] for m in rows], [m["mean_accuracy"] for m in rows], label=name,
+                color=colour, linestyle=style)
     ax.set(xlabel="round", ylabel="mean client test accuracy", ylim=(0, 1))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

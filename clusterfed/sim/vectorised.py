@@ -14,7 +14,7 @@ Equality with the sequential executor (`client.work.train`), to float tolerance:
 - clients are grouped by (train spec, number of local steps), so every client of a group takes
   the same steps; where their sizes differ, the shorter last batches are padded and masked, so
   each client's loss is still the mean over its own batch;
-- clipping, weight decay and momentum follow `train` line by line, per client.
+- every step is `client.sgd.sgd_step`, as in `train`, row by row: per client.
 
 Models with batch-norm statistics, dropout or recurrent layers, and tasks carrying training
 extras this executor does not know (any non-default field beyond the plain TrainSpec, or a
@@ -40,6 +40,7 @@ from torch import nn
 from torch.func import grad_and_value, vmap
 
 from clusterfed.client.privacy import ParameterTransform
+from clusterfed.client.sgd import sgd_step
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind, TrainSpec
 from clusterfed.client.work import IGNORE_INDEX, loss_data
 from clusterfed.data.scenarios import Federation
@@ -181,15 +182,7 @@ def train_many(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch
         rows = index[s]
         args = (w, x[rows], y[rows]) if mask is None else (w, x[rows], y[rows], mask[s])
         grad, loss = step_fn(*args)
-        if spec.clip_grad_norm:   # per client, torch's clip_grad_norm_ rule (`clip_by_norm`)
-            scale = spec.clip_grad_norm / (grad.norm(dim=1, keepdim=True) + 1e-6)
-            grad = grad * scale.clamp(max=1.0)
-        if spec.weight_decay:
-            grad = grad.add(w, alpha=spec.weight_decay)
-        if spec.momentum:
-            velocity = grad if velocity is None else velocity.mul_(spec.momentum).add_(grad)
-            grad = velocity
-        w.add_(grad, alpha=-spec.lr)
+        w, velocity = sgd_step(w, grad, velocity, spec)   # row by row: per client
         total += loss.detach().double()
     return w - params, total / steps
 

@@ -1,0 +1,43 @@
+"""The SGD step rule every executor takes: one pure function of tensors.
+
+`sgd_step` works on one flat vector (d,) or on stacked clients (G, d) row by row, and under
+`torch.func.vmap`: it changes no tensor in place and branches only on the spec's numbers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from clusterfed.client.tasks import TrainSpec
+
+
+def clip_by_norm(grad: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Scale each row of `grad` down to norm `max_norm` if longer (torch's clip_grad_norm_
+    rule, 1e-6 included)."""
+    norm = torch.linalg.vector_norm(grad, dim=-1, keepdim=True)
+    return grad * (max_norm / (norm + 1e-6)).clamp(max=1.0)
+
+
+def sgd_step(w: torch.Tensor, grad: torch.Tensor, velocity: torch.Tensor | None,
+             spec: TrainSpec, *, prox_mu: float = 0.0, anchor: torch.Tensor | None = None,
+             correction: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One step of `torch.optim.SGD` on `w`: (new w, new momentum buffer).
+
+    In torch's order: clip the gradient, add weight decay, then FedProx's proximal gradient
+    prox_mu (w - anchor), fold into the momentum buffer (None before the first step); then
+    SCAFFOLD's `correction`, after momentum so it moves w by exactly lr * correction.
+    """
+    if spec.clip_grad_norm:
+        grad = clip_by_norm(grad, spec.clip_grad_norm)
+    if spec.weight_decay:
+        grad = grad.add(w, alpha=spec.weight_decay)
+    if prox_mu:
+        assert anchor is not None, "a proximal term needs its anchor"
+        grad = grad + prox_mu * (w - anchor)
+    if spec.momentum:
+        velocity = grad if velocity is None else velocity.mul(spec.momentum).add(grad)
+        grad = velocity
+    if correction is not None:
+        grad = grad + correction
+    return w.add(grad, alpha=-spec.lr), velocity

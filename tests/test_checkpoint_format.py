@@ -1,0 +1,49 @@
+"""Checkpoints carry their format's version; those from before the version key still load."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import comparable, tiny_config
+
+from clusterfed import state
+from clusterfed.errors import ConfigError
+from clusterfed.sim.outputs import CHECKPOINT
+from clusterfed.sim.simulation import Simulation, resume_run, run_config
+
+
+def rewritten(path: Path, version: int | None) -> None:
+    """Write the file again with another version, or the old way (no version key) for None."""
+    with np.load(path, allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files if k != "__format__"}
+    if version is not None:
+        arrays["__format__"] = np.array(version, dtype=np.int64)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    path.write_bytes(buffer.getvalue())
+
+
+def test_saved_state_names_its_format_version():
+    with np.load(io.BytesIO(state.dumps({"x": np.arange(3)})), allow_pickle=False) as npz:
+        assert int(npz["__format__"]) == state.FORMAT_VERSION
+
+
+def test_a_checkpoint_without_a_version_resumes_as_before(tmp_path):
+    config = tiny_config("cfl", train={"rounds": 4})
+    whole = run_config(config, tmp_path / "whole")
+    Simulation(config, tmp_path / "cut", callbacks=[lambda r, _: r == 2]).run()
+    rewritten(tmp_path / "cut" / CHECKPOINT, None)
+    with np.load(tmp_path / "cut" / CHECKPOINT) as npz:
+        assert "__format__" not in npz.files   # written the old way
+    assert comparable(resume_run(tmp_path / "cut")) == comparable(whole)
+
+
+def test_a_newer_format_is_refused_with_a_clear_message(tmp_path):
+    path = tmp_path / CHECKPOINT
+    path.write_bytes(state.dumps({"round": 1}))
+    rewritten(path, state.FORMAT_VERSION + 1)
+    with pytest.raises(ConfigError, match="update clusterfed"):
+        state.loads(path.read_bytes())
