@@ -5,6 +5,15 @@ from __future__ import annotations
 import numpy as np
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
+# A client's true cluster where none is known (a real federation, own data): every client -1.
+NO_TRUTH = -1
+
+
+def has_truth(true: np.ndarray) -> bool:
+    """Whether a federation's true clusters are known (no client is NO_TRUTH)."""
+    true = np.asarray(true)
+    return bool(true.size) and bool((true != NO_TRUTH).all())
+
 
 def contingency(true: np.ndarray, found: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Counts of clients per (true cluster, found cluster), with the row and column labels."""
