@@ -13,7 +13,7 @@ Formats (`fmt`, or detected from the folder's contents):
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,9 +22,15 @@ import numpy as np
 
 from clusterfed.clustering.metrics import NO_TRUTH
 from clusterfed.data.scenarios import ClientData, Federation
-from clusterfed.errors import DataError
+from clusterfed.errors import ConfigError, DataError
+from clusterfed.registry import check_keys
 
 FORMATS = ("npz",)
+# `data.dataset` of a federation read from client folders (or, on a Flower node, its own folder).
+FOLDERS = "folders"
+# The `data` keys of FOLDERS besides `dataset` and `root`: the federation's agreement.
+FOLDERS_KEYS = {"format", "label_column", "classes", "test_fraction", "n_classes", "input_shape",
+                "download"}
 CLIENT_FOLDER = re.compile(r"client-(\d+)$")
 
 
@@ -165,3 +171,41 @@ def check_client(data: ClientData, input_shape: Sequence[int], n_classes: int) -
     if data.num_train == 0:
         return "no training samples"
     return None
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What a federation of own data agrees on: how to read files, and the model's shape."""
+
+    options: OwnDataOptions
+    n_classes: int | None = None
+    input_shape: tuple[int, ...] | None = None
+
+
+def agreement_from_config(data: Mapping[str, Any], seed: int = 0) -> Agreement:
+    """The `data` section of a FOLDERS config as an Agreement (unknown keys refused)."""
+    given = {k: v for k, v in data.items() if k not in ("dataset", "root")}
+    check_keys("data", given, FOLDERS_KEYS)
+    classes = given.get("classes")
+    fraction = float(given.get("test_fraction", 0.0))
+    if not 0.0 <= fraction < 1.0:
+        raise ConfigError(f"data.test_fraction must be in [0, 1), got {fraction}")
+    options = OwnDataOptions(fmt=str(given.get("format", "auto")),
+                             label_column=str(given.get("label_column", "label")),
+                             classes=None if classes is None else tuple(map(str, classes)),
+                             test_fraction=fraction, seed=int(seed))
+    shape = given.get("input_shape")
+    n = given.get("n_classes")
+    return Agreement(options, None if n is None else int(n),
+                     None if shape is None else tuple(int(s) for s in shape))
+
+
+def federation_from_config(data: Mapping[str, Any], seed: int = 0) -> Federation:
+    """`data.dataset=folders data.root=DIR`: the federation of DIR's client folders."""
+    if not data.get("root"):
+        raise ConfigError(f"data.dataset={FOLDERS} needs data.root=DIR, a folder of client-K "
+                          f"folders (clusterfed scenario export writes one)")
+    agreement = agreement_from_config(data, seed)
+    return federation_from_folders(data["root"], agreement.options,
+                                   n_classes=agreement.n_classes,
+                                   input_shape=agreement.input_shape)

@@ -27,7 +27,7 @@ from clusterfed.client.tasks import (
 )
 from clusterfed.clustering.cfl_math import separation_gap
 from clusterfed.clustering.metrics import clustering_scores
-from clusterfed.data import Federation, build_federation, load_dataset
+from clusterfed.data import Federation, build_federation, load_dataset, own
 from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel, build_model
 from clusterfed.sim.choice import build_executor
@@ -87,6 +87,9 @@ def initial_draws(module: torch.nn.Module, seed: int, first: np.ndarray,
 
 
 def build_federation_for(config: Mapping[str, Any], data_dir: str | None = None) -> Federation:
+    if config["data"]["dataset"] == own.FOLDERS:
+        # Own data: the folders are the federation; no scenario applies.
+        return own.federation_from_config(config["data"], config["seed"])
     data = dict(config["data"])
     name, root = data.pop("dataset"), data.pop("root", None)
     dataset = load_dataset(name, data_dir or root, **data)
