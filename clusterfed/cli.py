@@ -1,5 +1,5 @@
 """The command line: clusterfed run | compare | sweep | presets | scenario describe |
-flower local | report."""
+secret new | flower local | report."""
 
 from __future__ import annotations
 
@@ -234,6 +234,26 @@ def describe(source: str, overrides: tuple[str, ...], data_dir: str | None,
     click.echo(f"scenario {config['scenario']['kind']} on {config['data']['dataset']}: "
                + format_description(description))
     click.echo(f"plots and scenario.json: {folder}")
+
+
+@main.group()
+def secret() -> None:
+    """The clients' privacy secret (run.privacy with a secret file)."""
+
+
+@secret.command("new")
+@click.argument("file")
+def secret_new(file: str) -> None:
+    """Write a new secret FILE (32 random bytes, mode 0600); never overwrites.
+
+    Give a copy to every client out of band, never to the server: in-process as
+    run.privacy_secret_file=FILE, on a Flower SuperNode as node config privacy-secret-file.
+    """
+    from clusterfed.client.secret import new_secret_file, read_secret_file, secret_id
+
+    path = new_secret_file(file)
+    click.echo(f"wrote {path}; its id (safe to compare between sites): "
+               f"{secret_id(read_secret_file(path))}")
 
 
 @main.group()

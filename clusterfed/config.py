@@ -45,6 +45,7 @@ DEFAULTS: dict[str, Any] = {
         "threads": None,
         "privacy": "none",      # or "permutation" / "signed_permutation" (CFL Section V-B)
         "privacy_seed": None,   # the clients' shared secret (default: derived from the seed)
+        "privacy_secret_file": None,  # or a file of the clients' secret (clusterfed secret new)
         "device": "auto",       # "auto" (CUDA when available, else cpu), "cpu", "cuda", "cuda:1"
         "executor": "auto",     # "auto" (vectorised on CUDA, else sequential), "sequential",
                                 # "vectorised" (many clients at once with torch.func.vmap)
@@ -211,6 +212,9 @@ def validate(config: Mapping[str, Any]) -> None:
     if not isinstance(config["run"]["device"], str):
         raise ConfigError(f"run.device must be a string such as auto, cpu or cuda, got "
                           f"{config['run']['device']!r}")
+    secret_file = config["run"]["privacy_secret_file"]
+    if secret_file is not None and not isinstance(secret_file, str):
+        raise ConfigError(f"run.privacy_secret_file must be a path, got {secret_file!r}")
     every = config["run"]["checkpoint_every"]
     if not isinstance(every, int) or every < 0:
         raise ConfigError(f"run.checkpoint_every must be an integer >= 0 (0: never), got {every!r}")

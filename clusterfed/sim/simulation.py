@@ -17,6 +17,7 @@ from tqdm import tqdm
 from clusterfed import config as cfg
 from clusterfed.algorithms import ClusterView, RoundContext, Setup, build_algorithm
 from clusterfed.client.privacy import ParameterTransform
+from clusterfed.client.secret import read_secret_file
 from clusterfed.client.tasks import (
     OWN_MODEL,
     ClientResult,
@@ -86,6 +87,21 @@ def initial_draws(module: torch.nn.Module, seed: int, first: np.ndarray,
     return draw
 
 
+InitialModels = tuple[np.ndarray, Callable[[int], np.ndarray]]
+
+
+def initial_models(module: torch.nn.Module, seed: int, transform: ParameterTransform | None
+                   ) -> InitialModels:
+    """The initial model as the server holds it (P-space under privacy) and Setup.draw_initial.
+
+    `module` holds the initial weights. Wherever the privacy secret is, this is computed: in
+    the simulator here, under Flower with client-held secrets on a node (`query.initial`).
+    """
+    initial = FlatModel(module).initial_vector().numpy()
+    first = initial if transform is None else transform.forward(initial)
+    return first, initial_draws(module, seed, first, transform)
+
+
 def build_federation_for(config: Mapping[str, Any], data_dir: str | None = None) -> Federation:
     if config["data"]["dataset"] == own.FOLDERS:
         # Own data: the folders are the federation; no scenario applies.
@@ -96,14 +112,26 @@ def build_federation_for(config: Mapping[str, Any], data_dir: str | None = None)
     return build_federation(dataset, config["scenario"], config["seed"])
 
 
-def privacy_transform(config: Mapping[str, Any], size: int) -> ParameterTransform | None:
-    """The clients' side of run.privacy for a model of `size` parameters, or None."""
+def privacy_transform(config: Mapping[str, Any], size: int, secret: bytes | None = None
+                      ) -> ParameterTransform | None:
+    """The clients' side of run.privacy for a model of `size` parameters, or None.
+
+    The clients' shared secret, never in Setup: `secret` (a Flower node's own file), else the
+    file run.privacy_secret_file names, else run.privacy_seed or a seed derived from the run's
+    seed (both known to whoever holds the config).
+    """
     run = config["run"]
     if run["privacy"] == "none":
         return None
-    # The clients' shared secret: given, or derived from the seed; never in Setup.
-    secret = run["privacy_seed"] if run["privacy_seed"] is not None else config["seed"] + 0x5EC
-    return ParameterTransform.from_seed(run["privacy"], secret, size)
+    if secret is None and run.get("privacy_secret_file"):
+        secret = read_secret_file(run["privacy_secret_file"])
+    if secret is not None:
+        if run["privacy_seed"] is not None:
+            raise ConfigError("run.privacy_seed and a privacy secret file are both given: the "
+                              "file is the clients' secret; drop run.privacy_seed")
+        return ParameterTransform.from_secret(run["privacy"], secret, size)
+    seed = run["privacy_seed"] if run["privacy_seed"] is not None else config["seed"] + 0x5EC
+    return ParameterTransform.from_seed(run["privacy"], seed, size)
 
 
 class Simulation:
@@ -112,10 +140,13 @@ class Simulation:
     def __init__(self, config: Mapping[str, Any], out_dir: str | Path | None = None, *,
                  federation: Federation | None = None, data_dir: str | None = None,
                  callbacks: Sequence[Callback] = (), module: torch.nn.Module | None = None,
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | None = None,
+                 initial: Callable[[], InitialModels] | None = None) -> None:
         """`module`, if given, replaces the config's model; its current weights are the start.
 
         `executor`, if given, runs the client tasks instead of the in-process sequential one.
+        `initial`, if given, supplies the initial models (`initial_models`) from where the
+        privacy secret is, instead of computing them here (Flower with client-held secrets).
         """
         self.config = cfg.resolve(config)
         self.folder = RunFolder(Path(out_dir)) if out_dir is not None else None
@@ -130,18 +161,21 @@ class Simulation:
         self.model = FlatModel(module)
         self.algorithm = build_algorithm(self.config["algorithm"])
         self.spec = train_spec(self.config["train"])
-        transform = privacy_transform(self.config, self.model.size)
+        # Only the in-process executor needs the transform; a given one holds its own (or its
+        # nodes do), so a server never derives one, let alone reads a secret file.
+        transform = (privacy_transform(self.config, self.model.size)
+                     if executor is None or initial is None else None)
         # The initial vector is read before the executor moves the module to its device.
-        initial = self.model.initial_vector().numpy()
+        first, draw = initial() if initial is not None else initial_models(module, seed,
+                                                                           transform)
         self.executor: Executor = executor or build_executor(
             self.config["run"], self.model, self.federation, seed, transform,
             self.config["eval"]["validation_fraction"])
         # The layout is hidden under the privacy transform: coordinates are permuted there.
-        layout = None if transform is not None else tuple(
+        layout = None if self.config["run"]["privacy"] != "none" else tuple(
             (n, tuple(s)) for n, s in zip(self.model.names, self.model.shapes, strict=True))
-        first = initial if transform is None else transform.forward(initial)
         self.setup = Setup(self.federation.num_clients, first, self.executor.train_sizes(), seed,
-                           layout, draw_initial=initial_draws(module, seed, first, transform))
+                           layout, draw_initial=draw)
         # Protocol 'local' evaluates each client's own last trained model, kept here.
         self.own_models: dict[int, np.ndarray] | None = (
             {} if self.config["eval"]["protocol"] in ("local", "sampled_local") else None)
