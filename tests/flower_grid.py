@@ -1,8 +1,9 @@
 """An in-process Flower Grid for the Flower runtime's fast tests: no processes, no sockets.
 
 Each node is a partition id served by the real ClientApp (`clusterfed.flower.client_app.app`),
-called in this process. A node can be made silent (it never answers: a crashed SuperNode) or
-given a `tamper` function that rewrites its replies (a faulty or malicious client).
+called in this process, with a node config of its own (`add_node(p, {"data-path": ...})`).
+A node can be made silent (it never answers: a crashed SuperNode) or given a `tamper` function
+that rewrites its replies (a faulty or malicious client).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ class LoopbackGrid(Grid):
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
         self._ids = itertools.count(1000)
         self.nodes: dict[int, int] = {}             # node id -> partition
+        self.node_configs: dict[int, dict] = {}     # node id -> its node config
+        self.serving = False                        # True while a node handles a message
         self.silent: set[int] = set()
         self.tamper: dict[int, Callable[[Message], Message]] = {}
         self._replies: dict[str, Message] = {}
@@ -32,10 +35,11 @@ class LoopbackGrid(Grid):
         for p in partitions:
             self.add_node(p)
 
-    def add_node(self, partition: int) -> int:
+    def add_node(self, partition: int, node_config: dict | None = None) -> int:
         """A new node (a new id, as a restarted SuperNode gets) serving `partition`."""
         node = next(self._ids)
         self.nodes[node] = partition
+        self.node_configs[node] = {"partition-id": partition, **(node_config or {})}
         return node
 
     def node_of(self, partition: int) -> int:
@@ -69,10 +73,13 @@ class LoopbackGrid(Grid):
             ids.append(mid)
             if node not in self.nodes or node in self.silent:
                 continue
-            context = Context(run_id=1, node_id=node,
-                              node_config={"partition-id": self.nodes[node]},
+            context = Context(run_id=1, node_id=node, node_config=self.node_configs[node],
                               state=RecordDict(), run_config={})
-            reply = client_app(msg, context)
+            self.serving = True
+            try:
+                reply = client_app(msg, context)
+            finally:
+                self.serving = False
             if node in self.tamper:
                 reply = self.tamper[node](reply)
             self._replies[mid] = reply

@@ -1,8 +1,10 @@
 """The Flower ClientApp: runs the simulator's client tasks on the node's own client.
 
-Three message types (see `wire`): `query.hello` (which client this node serves and how much data
-it holds), `train.task` (any ClientTask) and `evaluate.model` (one model's test or validation
-figures). An exception here becomes Flower's error reply; the server logs it as a missing client.
+Four message types (see `wire`): `query.hello` (which client this node serves and what its data
+is like), `query.initial` (the initial model in the clients' P-space, for a server that does not
+hold the privacy secret), `train.task` (any ClientTask) and `evaluate.model` (one model's test or
+validation figures). An exception here becomes Flower's error reply; the server logs it as a
+missing client.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from clusterfed.flower import wire
-from clusterfed.flower.node import node_for
+from clusterfed.flower.node import hello_facts, node_for
 
 app = ClientApp()
 
@@ -19,20 +21,29 @@ app = ClientApp()
 @app.query("hello")
 def hello(msg: Message, context: Context) -> Message:
     config_json = str(msg.content.config_records[wire.RUN]["config"])
-    node = node_for(config_json, context.node_config)
-    return Message(RecordDict({wire.FIELDS: ConfigRecord(node.describe())}), reply_to=msg)
+    facts = hello_facts(config_json, context.node_config)
+    return Message(RecordDict({wire.FIELDS: ConfigRecord(facts)}), reply_to=msg)
+
+
+@app.query("initial")
+def initial(msg: Message, context: Context) -> Message:
+    index, config_json = wire.decode_initial(msg.content)
+    vector = node_for(config_json, context.node_config).initial(index)
+    return Message(wire.encode_vector(vector), reply_to=msg)
 
 
 @app.train("task")
 def task(msg: Message, context: Context) -> Message:
     task, round_index, step, config_json = wire.decode_task(msg.content)
     node = node_for(config_json, context.node_config)
-    return Message(wire.encode_result(node.run(task, round_index, step)), reply_to=msg)
+    result = node.run(task, round_index, step, wire.addressed_partition(msg.content))
+    return Message(wire.encode_result(result), reply_to=msg)
 
 
 @app.evaluate("model")
 def evaluate(msg: Message, context: Context) -> Message:
     params, client, split, config_json = wire.decode_evaluate(msg.content)
-    loss, accuracy = node_for(config_json, context.node_config).evaluate(params, client, split)
+    loss, accuracy = node_for(config_json, context.node_config).evaluate(
+        params, client, split, wire.addressed_partition(msg.content))
     return Message(RecordDict({wire.METRICS: MetricRecord({"loss": loss, "accuracy": accuracy})}),
                    reply_to=msg)

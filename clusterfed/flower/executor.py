@@ -1,8 +1,13 @@
 """The Flower executor: the simulator's Executor protocol over a Flower Grid.
 
 Each task goes to the SuperNode that serves its client. Flower's node ids are random per run,
-so the executor asks every node which client (partition) it serves (`query.hello`) and keeps
-the map; clients are sampled by id by the simulator's own seeded generator, never by node.
+so the executor asks every node which partition it serves and what its data is like
+(`query.hello`), refuses the nodes that do not fit the run (`membership`), and keeps the map;
+the members are the clients 0..M-1 in partition order, sampled by id by the simulator's own
+seeded generator, never by node. Every task names the partition it is meant for.
+
+When the nodes hold the privacy secret, only they can map the initial models into P-space: the
+executor asks one of them (`query.initial`).
 
 A step waits at most `reply_timeout` seconds. A client whose node did not answer in time, whose
 node sent an error, or that no node serves is left out of the step and logged as an event; its
@@ -24,7 +29,8 @@ from flwr.serverapp import Grid
 from clusterfed.client.tasks import ClientResult, ClientTask
 from clusterfed.data.scenarios import ClientData, Federation
 from clusterfed.errors import ClusterfedError
-from clusterfed.flower import wire
+from clusterfed.flower import membership, wire
+from clusterfed.sim.simulation import InitialModels
 
 log = logging.getLogger("clusterfed.flower")
 
@@ -37,13 +43,22 @@ class FlowerExecutor:
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.grid = grid
+        # A config the server cannot run (a secret file named, no agreement) fails here,
+        # before any node is asked anything.
+        self.expected = membership.expected_from_config(config)
         self.config_json = wire.config_json(config)
         self.reply_timeout = float(reply_timeout)
         self.join_timeout = float(join_timeout)
         self.poll_interval = float(poll_interval)
         self.clock, self.sleep = clock, sleep
-        self.node_of: dict[int, int] = {}          # client (partition) -> node id
+        self.node_of: dict[int, int] = {}          # client -> node id
         self.catalog: dict[int, dict[str, Any]] = {}  # client -> what its node described
+        self.partitions: list[int] = []            # client -> its node's partition
+        self.admission: membership.Admission | None = None
+        self._heard: dict[int, tuple[int, dict[str, Any]]] = {}  # before admission: partition
+        #                                                           -> (node id, its facts)
+        self._initial: dict[int, np.ndarray] = {}  # initial model draws the nodes sent
+        self._refused: set[int] = set()            # node ids refused
         self._hellos: dict[str, int] = {}          # pending hello message id -> node id
         self._hello_errors: dict[int, str] = {}    # node id -> why its hello failed
         self._events: list[dict[str, Any]] = []
@@ -57,10 +72,12 @@ class FlowerExecutor:
     def _discover(self) -> None:
         """Say hello to every node that serves no known client and has no hello pending.
 
-        A node whose hello failed is not asked again (a restarted SuperNode has a new id).
+        A node whose hello failed, or that was refused, is not asked again (a restarted
+        SuperNode has a new id).
         """
         known = (set(self.node_of.values()) | set(self._hellos.values())
-                 | set(self._hello_errors))
+                 | set(self._hello_errors) | {n for n, _ in self._heard.values()}
+                 | self._refused)
         new = [int(n) for n in self.grid.get_node_ids() if int(n) not in known]
         if not new:
             return
@@ -86,7 +103,19 @@ class FlowerExecutor:
             log.warning("node %d could not join: %s", node, reply.error.reason)
             return
         facts = dict(reply.content.config_records[wire.FIELDS])
-        client = int(facts["partition"])
+        partition = int(facts["partition"])
+        if self.admission is None:
+            self._heard[partition] = (node, facts)    # a later hello (a restart) replaces it
+            return
+        # After the start: a restarted node rejoins if it still fits.
+        problem = (membership.hello_problem(facts, self.expected, self.admission.reference)
+                   if partition in self.partitions else
+                   f"partition {partition} is not in this run's federation (refused, or not "
+                   f"there when the run started)")
+        if problem is not None:
+            self._refuse(partition, node, problem)
+            return
+        client = self.partitions.index(partition)
         previous = self.node_of.get(client)
         self.node_of[client] = node
         self.catalog[client] = facts
@@ -95,45 +124,117 @@ class FlowerExecutor:
             self._events.append({"round": self._round, "type": "client_joined", "client": client,
                                  "node": node})
 
+    def _refuse(self, partition: int, node: int, reason: str) -> None:
+        log.warning("refused node %d (partition %d): %s", node, partition, reason)
+        self._refused.add(node)
+        self._events.append({"round": self._round, "type": "node_refused",
+                             "partition": partition, "node": node, "reason": reason})
+
     def _pull_hellos(self) -> None:
         if self._hellos:
             for reply in self.grid.pull_messages(list(self._hellos)):
                 self._take_hello(reply)
 
     def join(self) -> None:
-        """Wait until a node serves each of the federation's clients (at most join_timeout)."""
+        """Wait until a node has said hello for every partition (at most join_timeout), then
+        admit those that fit the run and refuse the others (one `node_refused` event each)."""
         deadline = self.clock() + self.join_timeout
+        wanted = set(range(self.expected.clients))
         while True:
             self._discover()
             self._pull_hellos()
-            counts = {int(f["num_clients"]) for f in self.catalog.values()}
-            if len(counts) > 1:
-                raise ClusterfedError(f"the nodes build different federations: client counts "
-                                      f"{sorted(counts)}; give them all the same scenario")
-            if counts and set(self.catalog) == set(range(counts.pop())):
-                return
+            if wanted <= set(self._heard):
+                break
             if self.clock() > deadline:
-                errors = "; ".join(f"node {n}: {e}" for n, e in self._hello_errors.items())
-                raise ClusterfedError(
-                    f"after {self.join_timeout:.0f} s, nodes serve clients "
-                    f"{sorted(self.catalog)}, not all of the federation's"
-                    + (f"; errors: {errors}" if errors else ""))
+                raise ClusterfedError(self._join_failure(sorted(wanted - set(self._heard))))
             self.sleep(self.poll_interval)
+        admission = membership.admit({p: f for p, (_, f) in self._heard.items()},
+                                     self.expected)
+        for partition, reason in admission.refused.items():
+            self._refuse(partition, self._heard[partition][0], reason)
+        if not admission.members:
+            raise ClusterfedError("every node was refused: " + "; ".join(
+                f"partition {p}: {why}" for p, why in admission.refused.items()))
+        self.admission = admission
+        self.partitions = list(admission.members)
+        for client, partition in enumerate(self.partitions):
+            self.node_of[client], self.catalog[client] = self._heard[partition]
+        self._heard.clear()
+        if self.partitions != list(range(self.expected.clients)):
+            log.warning("the federation is partitions %s, as clients 0..%d", self.partitions,
+                        len(self.partitions) - 1)
+            self._events.append({"round": 0, "type": "members", "partitions": self.partitions})
+        if self.expected.privacy and not admission.reference.secret_id:
+            log.warning("run.privacy: no node holds a privacy-secret-file, so the transform "
+                        "comes from the run config, which the server holds: it hides nothing "
+                        "from the server (see docs/flower.md)")
+
+    def _join_failure(self, missing: list[int]) -> str:
+        told = [f"partition {p}: {f['problem']}" for p, (_, f) in sorted(self._heard.items())
+                if "problem" in f]
+        errors = [f"node {n}: {e}" for n, e in self._hello_errors.items()]
+        return (f"after {self.join_timeout:.0f} s, no node has said hello for partitions "
+                f"{missing} of the federation's {self.expected.clients}"
+                + (f"; nodes that cannot serve: {'; '.join(told)}" if told else "")
+                + (f"; errors: {'; '.join(errors)}" if errors else ""))
+
+    @property
+    def node_secrets(self) -> bool:
+        """Whether the nodes hold the privacy secret (the server cannot map models then)."""
+        return (self.admission is not None and self.expected.privacy
+                and bool(self.admission.reference.secret_id))
 
     def federation(self) -> Federation:
         """A data-free stand-in for the federation: what the server may know of it."""
-        if not self.catalog:
+        if self.admission is None or not self.catalog:
             raise ClusterfedError("no node has joined: call join() first")
-        first = self.catalog[0]
-        shape = tuple(int(s) for s in first["input_shape"])
+        reference = self.admission.reference
+        n = len(self.catalog)
+        shape = reference.input_shape or tuple(int(s) for s in self.catalog[0]["input_shape"])
+        n_classes = reference.n_classes or 1 + max(
+            max(self.catalog[c].get("classes", [0]), default=0) for c in range(n))
         empty = ClientData(np.zeros((0, *shape), np.float32), np.zeros(0, np.int64),
                            np.zeros((0, *shape), np.float32), np.zeros(0, np.int64))
-        n = len(self.catalog)
         return Federation([empty] * n,
                           np.array([int(self.catalog[c]["true_cluster"]) for c in range(n)]),
-                          int(first["n_classes"]), shape, {"runtime": "flower"})
+                          int(n_classes), tuple(shape), {"runtime": "flower"})
+
+    def initial_models(self) -> InitialModels:
+        """The initial model and its further draws in P-space, asked of a node (they hold the
+        privacy secret); each draw once, then remembered."""
+        first = self._initial_draw(0)
+
+        def draw(index: int) -> np.ndarray:
+            return first.copy() if index == 0 else self._initial_draw(index, first.size)
+
+        return first, draw
+
+    def _initial_draw(self, index: int, size: int | None = None) -> np.ndarray:
+        if index not in self._initial:
+            for client in sorted(self.node_of):   # any member answers; the next if it fails
+                replies = self._exchange([(client, wire.INITIAL, wire.encode_initial(
+                    index, self.config_json))], ["initial"])
+                if 0 not in replies:
+                    continue
+                try:
+                    vector = wire.decode_vector(replies[0].content)
+                except (KeyError, TypeError, ValueError):
+                    vector = np.zeros(0)
+                if vector.ndim == 1 and vector.dtype.kind == "f" and vector.size \
+                        and (size is None or vector.size == size) and np.isfinite(vector).all():
+                    self._initial[index] = vector.astype(np.float32, copy=False)
+                    break
+                self._events.append({"round": self._round, "type": "rejected_result",
+                                     "client": client, "task": "initial",
+                                     "reason": "not a finite vector of the model's size"})
+            else:
+                raise ClusterfedError(f"no node sent initial model {index}: see the events")
+        return self._initial[index].copy()
 
     # The Executor protocol -----------------------------------------------------------------
+
+    def _partition(self, client: int) -> int | None:
+        return self.partitions[client] if 0 <= client < len(self.partitions) else None
 
     def _sizes(self, key: str) -> np.ndarray:
         """A per-client count the nodes described on joining (the server holds no data)."""
@@ -211,7 +312,8 @@ class FlowerExecutor:
         """The results that came back in time and passed the checks, in task order."""
         self._round = round_index + 1
         requests = [(t.client, wire.TASK,
-                     wire.encode_task(t, round_index, step, self.config_json)) for t in tasks]
+                     wire.encode_task(t, round_index, step, self.config_json,
+                                      self._partition(t.client))) for t in tasks]
         replies = self._exchange(requests, [t.kind.value for t in tasks])
         results = []
         for i, task in enumerate(tasks):
@@ -236,7 +338,8 @@ class FlowerExecutor:
                  ) -> np.ndarray:
         """(loss, accuracy) per listed client; NaN for a client that did not answer."""
         requests = [(int(c), wire.EVALUATE,
-                     wire.encode_evaluate(params, int(c), split, self.config_json))
+                     wire.encode_evaluate(params, int(c), split, self.config_json,
+                                          self._partition(int(c))))
                     for c in clients]
         replies = self._exchange(requests, [f"evaluate_{split}"] * len(requests))
         out = np.full((len(requests), 2), np.nan)

@@ -7,6 +7,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from clusterfed import config as cfg
+from clusterfed.data import own
 from clusterfed.errors import ClusterfedError
 from clusterfed.flower.local import LocalFederation, raise_on_sigterm
 from clusterfed.flower.wire import config_json
@@ -23,25 +25,59 @@ def run_config_for(config: Mapping[str, Any], folder: Path, *, resume: bool = Fa
             "reply-timeout": float(reply_timeout), "join-timeout": float(join_timeout)}
 
 
+def own_data_config(config: Mapping[str, Any], root: str | Path) -> dict[str, Any]:
+    """The server's config of a run over `root`'s client folders, one per SuperNode:
+    data.dataset=folders with the agreement (read here from the folders where the config does
+    not name it), no data root, and scenario.clients the number of folders."""
+    folders = own.client_folders(root)
+    data = ({k: v for k, v in config["data"].items() if k != "root"}
+            if config["data"]["dataset"] == own.FOLDERS else {"dataset": own.FOLDERS})
+    if data.get("n_classes") is None or data.get("input_shape") is None:
+        agreement = own.agreement_from_config(data, config["seed"])
+        found = own.federation_from_folders(root, agreement.options,
+                                            n_classes=agreement.n_classes,
+                                            input_shape=agreement.input_shape)
+        data.update(n_classes=found.n_classes, input_shape=list(found.input_shape))
+    resolved = cfg.resolve({**config, "data": data,
+                            "scenario": {**config["scenario"], "clients": len(folders)}})
+    resolved["data"].pop("root", None)
+    return resolved
+
+
 def run_local(config: Mapping[str, Any], folder: str | Path, *, clients: int | None = None,
               data_dir: str | None = None, resume: bool = False, secure: bool = False,
               simulation: bool = False, client_cpus: int = 1, client_gpus: float = 0.0,
               reply_timeout: float = 600.0, join_timeout: float = 300.0,
+              own_data: str | Path | None = None, secret_file: str | Path | None = None,
               echo: Callable[[str], None] = print, verbose: bool = False) -> dict[str, Any]:
     """Start a SuperLink and the SuperNodes, run the experiment, stop every process.
 
+    `own_data`: a folder of client-K folders; node K serves client-K (no scenario).
+    `secret_file`: the privacy secret every node reads; the server's config names none.
     Returns the run's summary; raises ClusterfedError (with the logs' place) when it failed.
     """
     folder = Path(folder).resolve()
     if resume and not (folder / CHECKPOINT).exists():
         raise ClusterfedError(f"{folder} has no checkpoint to resume from")
+    sites = None
+    if own_data is not None:
+        config = own_data_config(config, own_data)
+        sites = [p.resolve() for p in own.client_folders(own_data)]
+    if config["run"].get("privacy_secret_file"):
+        raise ClusterfedError("under Flower the nodes hold the privacy secret: give the file "
+                              "with --secret-file, not run.privacy_secret_file")
+    if secret_file is not None and config["run"]["privacy"] == "none":
+        raise ClusterfedError("--secret-file is the secret of run.privacy: set "
+                              "run.privacy=permutation (or signed_permutation)")
     folder.mkdir(parents=True, exist_ok=True)
-    n = clients or int(config["scenario"]["clients"])
+    n = len(sites) if sites else clients or int(config["scenario"]["clients"])
     summary_path = folder / "summary.json"
     summary_path.unlink(missing_ok=True)
     federation = LocalFederation(n, folder / "flower", secure=secure, simulation=simulation,
                                  data_dir=data_dir, client_cpus=client_cpus,
-                                 client_gpus=client_gpus, echo=echo)
+                                 client_gpus=client_gpus, own_data=sites,
+                                 secret_file=Path(secret_file).resolve() if secret_file else None,
+                                 echo=echo)
 
     def show(line: str) -> None:
         if verbose or any(tag in line for tag in _SHOWN):

@@ -149,6 +149,8 @@ class LocalFederation:
     (each node's key registered with the SuperLink before the node starts).
     `simulation`: no SuperNodes; the SuperLink runs Flower's simulation runtime (Ray), with
     `num_nodes` virtual nodes and the given per-node resources.
+    `own_data`: node K serves the data in `own_data[K]` (`data-path`), not a scenario's share.
+    `secret_file`: every node's privacy secret (`privacy-secret-file`), never the server's.
     """
 
     num_nodes: int
@@ -158,6 +160,8 @@ class LocalFederation:
     data_dir: str | None = None
     client_cpus: int = 1
     client_gpus: float = 0.0
+    own_data: Sequence[Path] | None = None
+    secret_file: Path | None = None
     echo: Callable[[str], None] = print
     port: int = 0
     processes: dict[str, Process] = field(default_factory=dict)
@@ -280,6 +284,10 @@ class LocalFederation:
         node_config = f"partition-id={k} num-partitions={self.num_nodes}"
         if self.data_dir:
             node_config += f' data-dir="{self.data_dir}"'
+        if self.own_data:
+            node_config += f' data-path="{self.own_data[k]}"'
+        if self.secret_file:
+            node_config += f' privacy-secret-file="{self.secret_file}"'
         argv = [flower_command("flower-supernode"), "--superlink", f"{HOST}:{self.port}",
                 "--node-config", node_config, "--host", HOST, "--port", str(free_port())]
         if self.tls is not None:

@@ -70,10 +70,15 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any], *, report: bool = 
                               join_timeout=float(run_config.get("join-timeout", 300.0)))
     print(f"[clusterfed] {config['algorithm']['name']}: waiting for the nodes", flush=True)
     executor.join()
-    print(f"[clusterfed] {len(executor.catalog)} clients joined; "
-          + (f"resuming {out}" if resume else f"writing {out}"), flush=True)
+    refused = executor.admission.refused if executor.admission else {}
+    print(f"[clusterfed] {len(executor.catalog)} clients joined"
+          + (f", {len(refused)} node(s) refused (partitions {sorted(refused)}: see "
+             f"events.jsonl)" if refused else "")
+          + "; " + (f"resuming {out}" if resume else f"writing {out}"), flush=True)
+    # With the privacy secret on the nodes only, a node maps the initial models into P-space.
     sim = Simulation(config, out, federation=executor.federation(), executor=executor,
-                     callbacks=[progress_line(config["train"]["rounds"])])
+                     callbacks=[progress_line(config["train"]["rounds"])],
+                     initial=executor.initial_models if executor.node_secrets else None)
     summary = sim.run(resume=resume)
     if report:
         from clusterfed.report import write_report

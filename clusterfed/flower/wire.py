@@ -22,6 +22,7 @@ from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
 
 # Message types: `<category>.<action>` routes to the ClientApp function of that name.
 HELLO = "query.hello"        # which client do you serve, and what do you hold?
+INITIAL = "query.initial"    # the initial model (draw i) in the clients' P-space (privacy)
 TASK = "train.task"          # run one ClientTask (any kind)
 EVALUATE = "evaluate.model"  # (loss, accuracy) of one model on the client's test/validation data
 
@@ -71,14 +72,33 @@ def _nested_records() -> dict[str, type]:
 NESTED = _nested_records()
 
 
-def encode_task(task: ClientTask, round_index: int, step: int, config_json: str) -> RecordDict:
-    """One task, with the (round, step) that seeds its batch order and the run's config."""
+def _run_record(config_json: str, partition: int | None, **more: int) -> ConfigRecord:
+    """The run's config, and the partition the message is meant for when the server says."""
+    fields: dict[str, Any] = {**more, "config": config_json}
+    if partition is not None:
+        fields["partition"] = int(partition)
+    return ConfigRecord(fields)
+
+
+def addressed_partition(content: RecordDict) -> int | None:
+    """The partition a task or evaluation is meant for (None: its client is the partition)."""
+    value = content.config_records[RUN].get("partition")
+    return None if value is None else int(value)
+
+
+def encode_task(task: ClientTask, round_index: int, step: int, config_json: str,
+                partition: int | None = None) -> RecordDict:
+    """One task, with the (round, step) that seeds its batch order and the run's config.
+
+    `partition`: the node the server means, when its client id (the task's, which seeds the
+    generator) is not its partition, because a node that did not fit was refused.
+    """
     arrays, scalars = _split_fields(task, nested={*NESTED, "meta"})
     content = RecordDict({
         ARRAYS: _array_record(arrays),
         FIELDS: ConfigRecord(scalars),
         META: _meta_record(task.meta),
-        RUN: ConfigRecord({"round": round_index, "step": step, "config": config_json}),
+        RUN: _run_record(config_json, partition, round=round_index, step=step),
     })
     for name in NESTED:
         value = getattr(task, name)
@@ -184,12 +204,12 @@ def check_result(task: ClientTask, result: ClientResult) -> str | None:
 
 # Evaluation and discovery ------------------------------------------------------------------
 
-def encode_evaluate(params: np.ndarray, client: int, split: str, config_json: str
-                    ) -> RecordDict:
+def encode_evaluate(params: np.ndarray, client: int, split: str, config_json: str,
+                    partition: int | None = None) -> RecordDict:
     return RecordDict({
         ARRAYS: _array_record({"params": np.ascontiguousarray(params)}),
         FIELDS: ConfigRecord({"client": int(client), "split": split}),
-        RUN: ConfigRecord({"config": config_json}),
+        RUN: _run_record(config_json, partition),
     })
 
 
@@ -201,6 +221,23 @@ def decode_evaluate(content: RecordDict) -> tuple[np.ndarray, int, str, str]:
 
 def encode_hello(config_json: str) -> RecordDict:
     return RecordDict({RUN: ConfigRecord({"config": config_json})})
+
+
+def encode_initial(index: int, config_json: str) -> RecordDict:
+    return RecordDict({RUN: _run_record(config_json, None, index=int(index))})
+
+
+def decode_initial(content: RecordDict) -> tuple[int, str]:
+    run = content.config_records[RUN]
+    return int(run["index"]), str(run["config"])
+
+
+def encode_vector(vector: np.ndarray) -> RecordDict:
+    return RecordDict({ARRAYS: _array_record({"params": np.ascontiguousarray(vector)})})
+
+
+def decode_vector(content: RecordDict) -> np.ndarray:
+    return content.array_records[ARRAYS]["params"].numpy()
 
 
 def config_json(config: Mapping[str, Any]) -> str:

@@ -62,22 +62,26 @@ class SequentialExecutor:
 
     def run(self, tasks: Sequence[ClientTask], round_index: int, step: int = 0
             ) -> list[ClientResult]:
-        results = []
-        for task in tasks:
-            generator = self.generator(task.client, round_index, step)
-            if self.transform is None:
-                results.append(run_task(self.model, task, self.train[task.client],
-                                        self.test[task.client], generator, self.device))
-                continue
-            plain = replace(task, params=self.transform.inverse(task.params),
-                            objective=task.objective and task.objective.map_vectors(
-                                self.transform.inverse))
-            result = run_task(self.model, plain, self.train[task.client],
-                              self.test[task.client], generator, self.device)
-            if result.update is not None:
-                result = replace(result, update=self.transform.forward(result.update))
-            results.append(result)
-        return results
+        return [self.run_as(task, task.client, round_index, step) for task in tasks]
+
+    def run_as(self, task: ClientTask, data: int, round_index: int, step: int = 0
+               ) -> ClientResult:
+        """One task on the data held at index `data`, with the task's client's generator.
+
+        In-process both are the client; a Flower node holds one client's data at its own index.
+        """
+        generator = self.generator(task.client, round_index, step)
+        if self.transform is None:
+            return run_task(self.model, task, self.train[data], self.test[data], generator,
+                            self.device)
+        plain = replace(task, params=self.transform.inverse(task.params),
+                        objective=task.objective and task.objective.map_vectors(
+                            self.transform.inverse))
+        result = run_task(self.model, plain, self.train[data], self.test[data], generator,
+                          self.device)
+        if result.update is not None:
+            result = replace(result, update=self.transform.forward(result.update))
+        return result
 
     def generator(self, client: int, round_index: int, step: int) -> torch.Generator:
         """The random source of one client's task: its batch order or loss subsample."""

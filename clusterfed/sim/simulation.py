@@ -168,6 +168,9 @@ class Simulation:
         # The initial vector is read before the executor moves the module to its device.
         first, draw = initial() if initial is not None else initial_models(module, seed,
                                                                            transform)
+        if first.shape != (self.model.size,):
+            raise ConfigError(f"the initial model has shape {first.shape}; the model has "
+                              f"{self.model.size} parameters")
         self.executor: Executor = executor or build_executor(
             self.config["run"], self.model, self.federation, seed, transform,
             self.config["eval"]["validation_fraction"])
