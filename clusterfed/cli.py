@@ -278,11 +278,15 @@ def flower() -> None:
               help="Simulation runtime: GPUs per virtual node.")
 @click.option("--reply-timeout", type=float, default=600.0, show_default=True,
               help="Seconds a step waits for replies before leaving missing clients out.")
+@click.option("--own-data", help="A folder of client-K folders: SuperNode K serves client-K "
+              "(data.dataset=folders; PRESET only sets the training, default quickstart).")
+@click.option("--secret-file", help="The clients' privacy secret (clusterfed secret new), "
+              "given to every SuperNode, never to the server; with run.privacy.")
 @click.option("--verbose-flower", is_flag=True, help="Stream all of Flower's log lines.")
 def flower_local(source: str | None, overrides: tuple[str, ...], clients: int | None,
                  out: str | None, data_dir: str | None, resume_dir: str | None, secure: bool,
                  simulation: bool, client_cpus: int, client_gpus: float, reply_timeout: float,
-                 verbose_flower: bool) -> None:
+                 own_data: str | None, secret_file: str | None, verbose_flower: bool) -> None:
     """Run PRESET or CONFIG.yaml on a SuperLink and SuperNodes started on 127.0.0.1."""
     try:
         from clusterfed.flower.launch import run_local
@@ -298,15 +302,15 @@ def flower_local(source: str | None, overrides: tuple[str, ...], clients: int | 
 
         folder, config = Path(resume_dir), read_config(Path(resume_dir))
     else:
-        if not source:
+        if not source and not own_data:
             raise ClusterfedError("give a preset name or a config file (see `clusterfed presets`)")
-        name, config = _resolve(source, overrides, None)
+        name, config = _resolve(source or "quickstart", overrides, None)
         folder = _out_dir(out, name, config["algorithm"]["name"])
     summary = run_local(config, folder, clients=clients, data_dir=data_dir,
                         resume=bool(resume_dir), secure=secure, simulation=simulation,
                         client_cpus=client_cpus, client_gpus=client_gpus,
-                        reply_timeout=reply_timeout, echo=click.echo,
-                        verbose=verbose_flower)
+                        reply_timeout=reply_timeout, own_data=own_data,
+                        secret_file=secret_file, echo=click.echo, verbose=verbose_flower)
     c = summary["clustering"]
     click.echo(f"{summary['algorithm']}: mean accuracy {summary['final']['mean_accuracy']:.4f}, "
                f"{c['n_clusters']} clusters, ARI {c['ari']:.3f}, {summary['wall_seconds']:.1f} s")

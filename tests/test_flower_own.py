@@ -17,7 +17,7 @@ pytest.importorskip("flwr", reason="Flower is not installed: the Flower runtime 
 from flower_cases import CLIENTS, flower_config  # noqa: E402
 from flower_grid import LoopbackGrid  # noqa: E402
 from flwr.common.config import parse_config_args  # noqa: E402
-from helpers import comparable  # noqa: E402
+from helpers import cli, comparable  # noqa: E402
 from own_folders import (  # noqa: E402
     own_config,
     scenario_federation,
@@ -324,3 +324,16 @@ def test_flower_local_own_data_config_names_the_agreement_and_no_root(folders):
     assert config["scenario"]["clients"] == CLIENTS
     assert config["algorithm"] == base["algorithm"] and config["train"] == base["train"]
     assert str(folders) not in json.dumps(config)
+
+
+def test_flower_local_refuses_a_secret_without_privacy_or_in_the_run_config(folders, tmp_path,
+                                                                            capsys):
+    key = new_secret_file(tmp_path / "s")
+    code, _, err = cli(capsys, "flower", "local", "--own-data", str(folders), "--secret-file",
+                       str(key), "--out", str(tmp_path / "a"))
+    assert code == 2 and "run.privacy=permutation" in err
+    code, _, err = cli(capsys, "flower", "local", "quickstart", "--own-data", str(folders),
+                       "run.privacy=permutation", f"run.privacy_secret_file={key}",
+                       "--out", str(tmp_path / "b"))
+    assert code == 2 and "--secret-file" in err
+    assert not (tmp_path / "a" / "flower").exists() and not (tmp_path / "b" / "flower").exists()
