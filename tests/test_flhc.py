@@ -209,3 +209,64 @@ def test_a_run_interrupted_after_clustering_resumes_to_the_same_numbers(tmp_path
         {k: v for k, v in whole.items() if k != "wall_seconds"}
     assert (tmp_path / "broken" / "metrics.jsonl").read_text() == \
         (tmp_path / "whole" / "metrics.jsonl").read_text()
+
+
+def test_a_given_partition_continues_exactly_as_the_run_that_found_it():
+    """Tables IV/V from one run: a partition found by clustering, given in advance, yields the
+    same rounds after the clustering round without training that round."""
+    records = {"found": [], "given": []}
+
+    def keep(name):
+        return lambda completed, record: records[name].append(record)
+
+    base = merge(tiny_config("flhc", train={"rounds": 5}),
+                 {"algorithm": {"name": "flhc", "rounds_before_clustering": 2,
+                                "threshold_mode": "clusters", "threshold": 3.0,
+                                "record_distances": True}})
+    found = Simulation(base, callbacks=[keep("found")])
+    found.run()
+    labels = found.state.assignment.tolist()
+    assert len(set(labels)) == 3
+    given_cfg = merge(base, {"algorithm": {"partition": labels, "record_distances": False}})
+    given = Simulation(given_cfg, callbacks=[keep("given")])
+    given.run()
+    np.testing.assert_array_equal(given.state.assignment, found.state.assignment)
+    np.testing.assert_array_equal(given.state.models, found.state.models)
+    # The clustering round's record differs only in what that round trained: nothing here.
+    def same(r):
+        drop = ("flhc_clustering", "train_loss") if "flhc_clustering" in r else ()
+        return {k: v for k, v in r.items() if k not in drop and not k.endswith("seconds")}
+
+    assert [same(r) for r in records["given"]] == [same(r) for r in records["found"]]
+    assert records["given"][2]["flhc_clustering"]["clustering_clients"] == 0
+
+
+def test_recorded_distances_recut_to_the_runs_own_clusters():
+    from clusterfed.clustering import hierarchical as hc
+
+    setup, updates, truth = clustering_setup()
+    algo = FLHC(rounds_before_clustering=0, metric="l1", linkage="complete",
+                threshold_mode="clusters", threshold=3.0, record_distances=True)
+    state = algo.init(setup)
+    ctx = RoundContext(0, np.arange(9), SPEC)
+    upd = algo.update(state, ctx, fake_results(algo.plan(state, ctx), updates))
+    event = upd.events[0]
+    assert set(event["distances"]) == {"l1", "l2", "cosine"}
+    for metric, condensed in event["distances"].items():
+        brute = [np.abs(updates[i] - updates[j]).sum() if metric == "l1" else
+                 np.linalg.norm(updates[i] - updates[j]) if metric == "l2" else
+                 1 - updates[i] @ updates[j] / np.linalg.norm(updates[i]) /
+                 np.linalg.norm(updates[j]) for i in range(9) for j in range(i + 1, 9)]
+        np.testing.assert_allclose(condensed, brute, rtol=1e-5, atol=1e-6)
+    recut = hc.cluster_condensed(np.array(event["distances"]["l1"]), "complete", 3.0,
+                                 "clusters").labels
+    assert recut.tolist() == event["labels"]
+    np.testing.assert_array_equal(upd.state.assignment, truth)
+
+
+def test_a_given_partition_must_fit():
+    with pytest.raises(ValueError, match="0..k-1"):
+        FLHC(partition=(0, 2, 2))
+    setup, _, _ = clustering_setup()
+    with pytest.raises(ValueError, match="lists 3 clients"):
+        FLHC(partition=(0, 1, 1)).init(setup)
