@@ -270,3 +270,26 @@ def test_a_given_partition_must_fit():
     setup, _, _ = clustering_setup()
     with pytest.raises(ValueError, match="lists 3 clients"):
         FLHC(partition=(0, 1, 1)).init(setup)
+
+
+def test_pairings_cut_every_pairing_from_one_run_and_train_only_distinct_partitions(tmp_path):
+    from clusterfed.experiments import flhc_pairings as fp
+
+    config = merge(tiny_config("flhc", train={"rounds": 3}),
+                   {"algorithm": {"name": "flhc", "rounds_before_clustering": 1,
+                                  "metric": "l2", "linkage": "ward",
+                                  "threshold_mode": "clusters", "threshold": 4.0}})
+    result = fp.run_pairings(config, tmp_path, train=True, baseline=True, taus=(2.0, 4.0),
+                             mode="clusters")
+    rows = result["rows"]
+    assert len(rows) == 10 * 2 and len(fp.PAIRINGS) == 10
+    # The preset's own pairing at its own cut is the probe run's partition.
+    own = next(r for r in rows if (r["metric"], r["linkage"], r["tau"]) == ("l2", "ward", 4.0))
+    assert own["labels"] == result["preset_cut"]["labels"]
+    trained = sorted(p.name for p in (tmp_path / "partitions").iterdir())
+    assert len(trained) == len(result["partitions"]) - 1    # the probe's own is not rerun
+    for row in rows:
+        assert row["n_clusters"] == len(set(row["labels"])) <= row["tau"]
+        assert row["r50"]["mean_accuracy"] is not None
+    assert len(fp.best_rows(rows)) == 10
+    assert "| FedAvg |" in (tmp_path / "table.md").read_text()
