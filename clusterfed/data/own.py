@@ -151,9 +151,11 @@ def load_client_data(path: str | Path, options: OwnDataOptions = OwnDataOptions(
 
 def _split_test(x: np.ndarray, y: np.ndarray, fraction: float, seed: int
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A seeded random `fraction` of the samples as the test set; both keep the files' order."""
     n_test = int(round(fraction * len(y)))
     order = np.random.default_rng([seed, 0x0D47]).permutation(len(y))
-    test, train = order[:n_test], order[n_test:]
+    # Sorted: the samples stay in the files' order (no test set leaves them as they are).
+    test, train = np.sort(order[:n_test]), np.sort(order[n_test:])
     return x[train], y[train], x[test], y[test]
 
 
