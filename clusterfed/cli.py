@@ -238,23 +238,23 @@ def describe(source: str, overrides: tuple[str, ...], data_dir: str | None,
 
 @scenario.command("export")
 @click.argument("source")
-@click.argument("directory")
+@click.argument("directory", metavar="DIR")
 @click.argument("overrides", nargs=-1)
 @click.option("--format", "fmt", type=click.Choice(["npz", "images", "csv"]), default="npz",
               show_default=True, help="npz: x_train, y_train, x_test, y_test (float32, exact); "
               "images: PNG per class folder under train/ and test/ (8-bit inputs only); "
               "csv: train.csv and test.csv, a column per input value and `label`.")
 @click.option("--data-dir", help="Data root (default $CLUSTERFED_DATA or the user cache).")
-@click.option("--force", is_flag=True, help="Write into a non-empty DIRECTORY, replacing its "
+@click.option("--force", is_flag=True, help="Write into a non-empty DIR, replacing its "
               "client-K folders and truth.json.")
 def export(source: str, directory: str, overrides: tuple[str, ...], fmt: str,
            data_dir: str | None, force: bool) -> None:
-    """Write PRESET or CONFIG.yaml's federation as DIRECTORY/client-K/ folders of own data.
+    """Write PRESET or CONFIG.yaml's federation as DIR/client-K/ folders of own data.
 
     The federation is built exactly as `clusterfed run` builds it; `clusterfed run ...
-    data.dataset=folders data.root=DIRECTORY` (or Flower nodes, one folder each) reads it back.
-    DIRECTORY/truth.json records the true clusters, the source, overrides, scenario and its
-    facts: a side file for judging results that no runtime reads.
+    data.dataset=folders data.root=DIR` (or Flower nodes, one folder each) reads it back.
+    DIR/truth.json records the true clusters, the source, overrides, scenario and its facts:
+    a side file for judging results, which no runtime reads. See docs/data.md.
     """
     import shutil
 
@@ -265,18 +265,19 @@ def export(source: str, directory: str, overrides: tuple[str, ...], fmt: str,
     root = Path(directory)
     if root.exists() and not root.is_dir():
         raise ClusterfedError(f"{root} is a file, not a folder")
-    if root.is_dir() and any(root.iterdir()):
-        if not force:
-            raise ClusterfedError(f"{root} is not empty; choose an empty folder, or --force to "
-                                  f"replace its client folders and truth.json")
-        # Stale client folders of a larger federation would otherwise join this one.
+    if root.is_dir() and any(root.iterdir()) and not force:
+        raise ClusterfedError(f"{root} is not empty; choose an empty folder, or --force to "
+                              f"replace its client folders and truth.json")
+    _, config = _resolve(source, overrides, data_dir)
+    federation = build_federation_for(config)
+    ex.check_exportable(federation, fmt)
+    if root.is_dir():
+        # Only now that the federation can be written: stale client folders of a larger
+        # federation would otherwise join this one.
         for old in root.iterdir():
             if old.is_dir() and CLIENT_FOLDER.match(old.name):
                 shutil.rmtree(old)
         (root / ex.TRUTH_FILE).unlink(missing_ok=True)
-    _, config = _resolve(source, overrides, data_dir)
-    federation = build_federation_for(config)
-    ex.check_exportable(federation, fmt)
     n = federation.num_clients
     width = len(str(n))
 
