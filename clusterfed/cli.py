@@ -300,12 +300,14 @@ def flower_local(source: str | None, overrides: tuple[str, ...], clients: int | 
 
 @main.command()
 @click.argument("folders", nargs=-1, required=True)
-def report(folders: tuple[str, ...]) -> None:
+@click.option("--truth", "truth_file", help="JSON with {\"true_clusters\": [...]} (an exported "
+              "scenario's truth.json): score the runs' clusterings against it.")
+def report(folders: tuple[str, ...], truth_file: str | None) -> None:
     """Write report.md with plots into each run or comparison folder."""
     from clusterfed.report import write_report
 
     for folder in folders:
-        click.echo(f"wrote {write_report(folder)}")
+        click.echo(f"wrote {write_report(folder, truth_file)}")
 
 
 def entry(argv: Sequence[str] | None = None) -> None:
