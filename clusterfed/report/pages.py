@@ -112,8 +112,9 @@ def _comparison_report(folder: Path, truth: np.ndarray | None = None, source: st
                 comparison["summaries"][name] = _records(folder / name, truth, source)[0]
         runs[name] = read_jsonl(folder / name / "metrics.jsonl")
     plots.compare_curves(runs, folder / "accuracy.png")
+    scored = [f"ARI against the true clusters in {source}.", ""] if truth is not None else []
     lines = ["# Comparison", "", "```", format_table(table_rows(comparison)), "```", "",
-             "![accuracy](accuracy.png)", "",
+             *scored, "![accuracy](accuracy.png)", "",
              "Each algorithm's own report: " + ", ".join(
                  f"[{n}]({n}/report.md)" for n in comparison["algorithms"]), ""]
     if "pacfl" in runs and (folder / "config.yaml").exists():
