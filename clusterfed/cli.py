@@ -26,6 +26,14 @@ def _resolve(source: str, overrides: Sequence[str], data_dir: str | None) -> tup
     return name, cfg.resolve(raw, [*overrides, *extra])
 
 
+def result_line(summary: dict[str, Any]) -> str:
+    """The one line a finished run prints: accuracy, clusters, ARI (n/a without a truth)."""
+    c = summary["clustering"]
+    ari = "n/a (no truth)" if c.get("ari") is None else f"{c['ari']:.3f}"
+    return (f"{summary['algorithm']}: mean accuracy {summary['final']['mean_accuracy']:.4f}, "
+            f"{c['n_clusters']} clusters, ARI {ari}, {summary['wall_seconds']:.1f} s")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Log more.")
 def main(verbose: bool) -> None:
@@ -64,9 +72,7 @@ def run(source: str | None, overrides: tuple[str, ...], out: str | None, data_di
                        f"clusterfed run --resume {folder}", err=True)
             raise
     write_report(folder)
-    c = summary["clustering"]
-    click.echo(f"{summary['algorithm']}: mean accuracy {summary['final']['mean_accuracy']:.4f}, "
-               f"{c['n_clusters']} clusters, ARI {c['ari']:.3f}, {summary['wall_seconds']:.1f} s")
+    click.echo(result_line(summary))
     click.echo(f"run folder: {folder}")
 
 
@@ -231,8 +237,9 @@ def describe(source: str, overrides: tuple[str, ...], data_dir: str | None,
         {"data": config["data"], "scenario": config["scenario"], "seed": config["seed"],
          **description}, indent=1, default=str))
     write_scenario_plots(description, folder)
-    click.echo(f"scenario {config['scenario']['kind']} on {config['data']['dataset']}: "
-               + format_description(description))
+    where = (f"own data in {config['data']['root']}" if description["true_clusters"] is None
+             else f"scenario {config['scenario']['kind']} on {config['data']['dataset']}")
+    click.echo(f"{where}: " + format_description(description))
     click.echo(f"plots and scenario.json: {folder}")
 
 
@@ -349,20 +356,20 @@ def flower_local(source: str | None, overrides: tuple[str, ...], clients: int | 
                         client_cpus=client_cpus, client_gpus=client_gpus,
                         reply_timeout=reply_timeout, echo=click.echo,
                         verbose=verbose_flower)
-    c = summary["clustering"]
-    click.echo(f"{summary['algorithm']}: mean accuracy {summary['final']['mean_accuracy']:.4f}, "
-               f"{c['n_clusters']} clusters, ARI {c['ari']:.3f}, {summary['wall_seconds']:.1f} s")
+    click.echo(result_line(summary))
     click.echo(f"run folder: {folder}")
 
 
 @main.command()
 @click.argument("folders", nargs=-1, required=True)
-def report(folders: tuple[str, ...]) -> None:
+@click.option("--truth", "truth_file", help="JSON with {\"true_clusters\": [...]} (an exported "
+              "scenario's truth.json): score the runs' clusterings against it.")
+def report(folders: tuple[str, ...], truth_file: str | None) -> None:
     """Write report.md with plots into each run or comparison folder."""
     from clusterfed.report import write_report
 
     for folder in folders:
-        click.echo(f"wrote {write_report(folder)}")
+        click.echo(f"wrote {write_report(folder, truth_file)}")
 
 
 def entry(argv: Sequence[str] | None = None) -> None:
