@@ -1,4 +1,4 @@
-"""The command line: clusterfed run | compare | sweep | presets | scenario describe |
+"""The command line: clusterfed run | compare | sweep | presets | scenario describe | export |
 secret new | flower local | report."""
 
 from __future__ import annotations
@@ -24,6 +24,14 @@ def _resolve(source: str, overrides: Sequence[str], data_dir: str | None) -> tup
     name, raw = cfg.load_source(source)
     extra = [f"data.root={data_dir}"] if data_dir else []
     return name, cfg.resolve(raw, [*overrides, *extra])
+
+
+def result_line(summary: dict[str, Any]) -> str:
+    """The one line a finished run prints: accuracy, clusters, ARI (n/a without a truth)."""
+    c = summary["clustering"]
+    ari = "n/a (no truth)" if c.get("ari") is None else f"{c['ari']:.3f}"
+    return (f"{summary['algorithm']}: mean accuracy {summary['final']['mean_accuracy']:.4f}, "
+            f"{c['n_clusters']} clusters, ARI {ari}, {summary['wall_seconds']:.1f} s")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -64,9 +72,7 @@ def run(source: str | None, overrides: tuple[str, ...], out: str | None, data_di
                        f"clusterfed run --resume {folder}", err=True)
             raise
     write_report(folder)
-    c = summary["clustering"]
-    click.echo(f"{summary['algorithm']}: mean accuracy {summary['final']['mean_accuracy']:.4f}, "
-               f"{c['n_clusters']} clusters, ARI {c['ari']:.3f}, {summary['wall_seconds']:.1f} s")
+    click.echo(result_line(summary))
     click.echo(f"run folder: {folder}")
 
 
@@ -204,7 +210,7 @@ def presets() -> None:
 
 @main.group()
 def scenario() -> None:
-    """Look at the federation a config's scenario builds."""
+    """Look at the federation a config's scenario builds, or write it as client folders."""
 
 
 @scenario.command()
@@ -231,9 +237,72 @@ def describe(source: str, overrides: tuple[str, ...], data_dir: str | None,
         {"data": config["data"], "scenario": config["scenario"], "seed": config["seed"],
          **description}, indent=1, default=str))
     write_scenario_plots(description, folder)
-    click.echo(f"scenario {config['scenario']['kind']} on {config['data']['dataset']}: "
-               + format_description(description))
+    where = (f"own data in {config['data']['root']}" if description["true_clusters"] is None
+             else f"scenario {config['scenario']['kind']} on {config['data']['dataset']}")
+    click.echo(f"{where}: " + format_description(description))
     click.echo(f"plots and scenario.json: {folder}")
+
+
+@scenario.command("export")
+@click.argument("source")
+@click.argument("directory", metavar="DIR")
+@click.argument("overrides", nargs=-1)
+@click.option("--format", "fmt", type=click.Choice(["npz", "images", "csv"]), default="npz",
+              show_default=True, help="npz: x_train, y_train, x_test, y_test (float32, exact); "
+              "images: PNG per class folder under train/ and test/ (8-bit inputs only); "
+              "csv: train.csv and test.csv, a column per input value and `label`.")
+@click.option("--data-dir", help="Data root (default $CLUSTERFED_DATA or the user cache).")
+@click.option("--force", is_flag=True, help="Write into a non-empty DIR, replacing its "
+              "client-K folders and truth.json.")
+def export(source: str, directory: str, overrides: tuple[str, ...], fmt: str,
+           data_dir: str | None, force: bool) -> None:
+    """Write PRESET or CONFIG.yaml's federation as DIR/client-K/ folders of own data.
+
+    The federation is built exactly as `clusterfed run` builds it; `clusterfed run ...
+    data.dataset=folders data.root=DIR` (or Flower nodes, one folder each) reads it back.
+    DIR/truth.json records the true clusters, the source, overrides, scenario and its facts:
+    a side file for judging results, which no runtime reads. See docs/data.md.
+    """
+    import shutil
+
+    from clusterfed.data import export as ex
+    from clusterfed.data.own import CLIENT_FOLDER
+    from clusterfed.sim.simulation import build_federation_for
+
+    root = Path(directory)
+    if root.exists() and not root.is_dir():
+        raise ClusterfedError(f"{root} is a file, not a folder")
+    if root.is_dir() and any(root.iterdir()) and not force:
+        raise ClusterfedError(f"{root} is not empty; choose an empty folder, or --force to "
+                              f"replace its client folders and truth.json")
+    _, config = _resolve(source, overrides, data_dir)
+    federation = build_federation_for(config)
+    ex.check_exportable(federation, fmt)
+    if root.is_dir():
+        # Only now that the federation can be written: stale client folders of a larger
+        # federation would otherwise join this one.
+        for old in root.iterdir():
+            if old.is_dir() and CLIENT_FOLDER.match(old.name):
+                shutil.rmtree(old)
+        (root / ex.TRUTH_FILE).unlink(missing_ok=True)
+    n = federation.num_clients
+    width = len(str(n))
+
+    def report(k: int, folder: Path) -> None:
+        c = federation.clients[k]
+        click.echo(f"[{k + 1:{width}d}/{n}] {folder}: {c.num_train} train, {len(c.test_y)} test, "
+                   f"true cluster {int(federation.true_clusters[k])}")
+
+    ex.export_federation(federation, root, fmt, on_client=report)
+    truth = ex.write_truth(root, ex.truth_record(federation, source, overrides,
+                                                 config["scenario"]))
+    shape = list(federation.input_shape)
+    # CSV rows are flat: the model's shape is the federation's agreement.
+    agreed = f" data.input_shape=[{','.join(map(str, shape))}]" if fmt == "csv" and len(
+        shape) > 1 else ""
+    click.echo(f"{n} clients ({fmt}) in {root}; true clusters in {truth} (not read by runs); "
+               f"run on them with: clusterfed run {source} data.dataset=folders "
+               f"data.root={root}{agreed}")
 
 
 @main.group()
@@ -311,20 +380,20 @@ def flower_local(source: str | None, overrides: tuple[str, ...], clients: int | 
                         client_cpus=client_cpus, client_gpus=client_gpus,
                         reply_timeout=reply_timeout, own_data=own_data,
                         secret_file=secret_file, echo=click.echo, verbose=verbose_flower)
-    c = summary["clustering"]
-    click.echo(f"{summary['algorithm']}: mean accuracy {summary['final']['mean_accuracy']:.4f}, "
-               f"{c['n_clusters']} clusters, ARI {c['ari']:.3f}, {summary['wall_seconds']:.1f} s")
+    click.echo(result_line(summary))
     click.echo(f"run folder: {folder}")
 
 
 @main.command()
 @click.argument("folders", nargs=-1, required=True)
-def report(folders: tuple[str, ...]) -> None:
+@click.option("--truth", "truth_file", help="JSON with {\"true_clusters\": [...]} (an exported "
+              "scenario's truth.json): score the runs' clusterings against it.")
+def report(folders: tuple[str, ...], truth_file: str | None) -> None:
     """Write report.md with plots into each run or comparison folder."""
     from clusterfed.report import write_report
 
     for folder in folders:
-        click.echo(f"wrote {write_report(folder)}")
+        click.echo(f"wrote {write_report(folder, truth_file)}")
 
 
 def entry(argv: Sequence[str] | None = None) -> None:

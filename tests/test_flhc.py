@@ -209,3 +209,87 @@ def test_a_run_interrupted_after_clustering_resumes_to_the_same_numbers(tmp_path
         {k: v for k, v in whole.items() if k != "wall_seconds"}
     assert (tmp_path / "broken" / "metrics.jsonl").read_text() == \
         (tmp_path / "whole" / "metrics.jsonl").read_text()
+
+
+def test_a_given_partition_continues_exactly_as_the_run_that_found_it():
+    """Tables IV/V from one run: a partition found by clustering, given in advance, yields the
+    same rounds after the clustering round without training that round."""
+    records = {"found": [], "given": []}
+
+    def keep(name):
+        return lambda completed, record: records[name].append(record)
+
+    base = merge(tiny_config("flhc", train={"rounds": 5}),
+                 {"algorithm": {"name": "flhc", "rounds_before_clustering": 2,
+                                "threshold_mode": "clusters", "threshold": 3.0,
+                                "record_distances": True}})
+    found = Simulation(base, callbacks=[keep("found")])
+    found.run()
+    labels = found.state.assignment.tolist()
+    assert len(set(labels)) == 3
+    given_cfg = merge(base, {"algorithm": {"partition": labels, "record_distances": False}})
+    given = Simulation(given_cfg, callbacks=[keep("given")])
+    given.run()
+    np.testing.assert_array_equal(given.state.assignment, found.state.assignment)
+    np.testing.assert_array_equal(given.state.models, found.state.models)
+    # The clustering round's record differs only in what that round trained: nothing here.
+    def same(r):
+        drop = ("flhc_clustering", "train_loss") if "flhc_clustering" in r else ()
+        return {k: v for k, v in r.items() if k not in drop and not k.endswith("seconds")}
+
+    assert [same(r) for r in records["given"]] == [same(r) for r in records["found"]]
+    assert records["given"][2]["flhc_clustering"]["clustering_clients"] == 0
+
+
+def test_recorded_distances_recut_to_the_runs_own_clusters():
+    from clusterfed.clustering import hierarchical as hc
+
+    setup, updates, truth = clustering_setup()
+    algo = FLHC(rounds_before_clustering=0, metric="l1", linkage="complete",
+                threshold_mode="clusters", threshold=3.0, record_distances=True)
+    state = algo.init(setup)
+    ctx = RoundContext(0, np.arange(9), SPEC)
+    upd = algo.update(state, ctx, fake_results(algo.plan(state, ctx), updates))
+    event = upd.events[0]
+    assert set(event["distances"]) == {"l1", "l2", "cosine"}
+    for metric, condensed in event["distances"].items():
+        brute = [np.abs(updates[i] - updates[j]).sum() if metric == "l1" else
+                 np.linalg.norm(updates[i] - updates[j]) if metric == "l2" else
+                 1 - updates[i] @ updates[j] / np.linalg.norm(updates[i]) /
+                 np.linalg.norm(updates[j]) for i in range(9) for j in range(i + 1, 9)]
+        np.testing.assert_allclose(condensed, brute, rtol=1e-5, atol=1e-6)
+    recut = hc.cluster_condensed(np.array(event["distances"]["l1"]), "complete", 3.0,
+                                 "clusters").labels
+    assert recut.tolist() == event["labels"]
+    np.testing.assert_array_equal(upd.state.assignment, truth)
+
+
+def test_a_given_partition_must_fit():
+    with pytest.raises(ValueError, match="0..k-1"):
+        FLHC(partition=(0, 2, 2))
+    setup, _, _ = clustering_setup()
+    with pytest.raises(ValueError, match="lists 3 clients"):
+        FLHC(partition=(0, 1, 1)).init(setup)
+
+
+def test_pairings_cut_every_pairing_from_one_run_and_train_only_distinct_partitions(tmp_path):
+    from clusterfed.experiments import flhc_pairings as fp
+
+    config = merge(tiny_config("flhc", train={"rounds": 3}),
+                   {"algorithm": {"name": "flhc", "rounds_before_clustering": 1,
+                                  "metric": "l2", "linkage": "ward",
+                                  "threshold_mode": "clusters", "threshold": 4.0}})
+    result = fp.run_pairings(config, tmp_path, train=True, baseline=True, taus=(2.0, 4.0),
+                             mode="clusters")
+    rows = result["rows"]
+    assert len(rows) == 10 * 2 and len(fp.PAIRINGS) == 10
+    # The preset's own pairing at its own cut is the probe run's partition.
+    own = next(r for r in rows if (r["metric"], r["linkage"], r["tau"]) == ("l2", "ward", 4.0))
+    assert own["labels"] == result["preset_cut"]["labels"]
+    trained = sorted(p.name for p in (tmp_path / "partitions").iterdir())
+    assert len(trained) == len(result["partitions"]) - 1    # the probe's own is not rerun
+    for row in rows:
+        assert row["n_clusters"] == len(set(row["labels"])) <= row["tau"]
+        assert row["r50"]["mean_accuracy"] is not None
+    assert len(fp.best_rows(rows)) == 10
+    assert "| FedAvg |" in (tmp_path / "table.md").read_text()

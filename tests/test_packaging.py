@@ -17,7 +17,7 @@ except ImportError:   # Python 3.10
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "clusterfed"
 # Import names whose distribution is named otherwise; any other name is its own distribution.
-DISTRIBUTION = {"yaml": "PyYAML", "sklearn": "scikit-learn"}
+DISTRIBUTION = {"yaml": "PyYAML", "sklearn": "scikit-learn", "PIL": "pillow"}
 # Modules that only the Flower runtime imports, so they may come from the `flower` extra.
 FLOWER_PART = PACKAGE / "flower"
 
@@ -87,7 +87,7 @@ def test_declared_flower_dependencies_are_pinned():
     pins = {requirement_name(line.split("==")[0]) for line in
             (REPO / "constraints.txt").read_text().splitlines()
             if "==" in line and not line.lstrip().startswith("#")}
-    for extra in ("flower", "test"):
+    for extra in ("flower", "test", "hf"):
         for requirement in project["optional-dependencies"][extra]:
             assert requirement_name(requirement) in pins, requirement
 

@@ -100,6 +100,13 @@ class FLHC:
     participation: float | None = None   # C inside clusters; None: the run's sampled fraction
     cluster_rounding: str = "floor"      # A5: floor | round
     weighting: str = "samples"           # FedAvg weights: samples | uniform
+    # Every metric's distances of the clustering round in its event, so each metric x linkage
+    # x tau of Tables IV/V can be cut from one run (experiments/flhc_pairings.py).
+    record_distances: bool = False
+    # A partition fixed in advance (one cluster index per client): the clustering round trains
+    # nothing and assigns it, so a partition found by another pairing continues exactly as it
+    # would have (cluster models start from w_n, A4) without the round's 100-client cost.
+    partition: tuple[int, ...] | None = None
     sees: ClassVar[frozenset[str]] = frozenset({"concept", "feature", "label"})
     toy_mixture_options: ClassVar[dict[str, Any]] = {"rounds": 12}
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -116,6 +123,17 @@ class FLHC:
         if self.participation is not None and not 0 < self.participation <= 1:
             raise ValueError("participation must be a fraction in (0, 1] or null")
         aggregation_weights(np.ones(1), self.weighting)
+        if self.partition is not None:
+            # YAML gives a list; a tuple keeps the dataclass hashable and frozen.
+            object.__setattr__(self, "partition", tuple(int(v) for v in self.partition))
+            labels = np.asarray(self.partition)
+            if labels.ndim != 1 or not len(labels) or labels.min() < 0 or \
+                    set(np.unique(labels)) != set(range(int(labels.max()) + 1)):
+                raise ValueError("partition must list one cluster index per client, the "
+                                 "indices 0..k-1 all used")
+            if self.reuse_clustering_updates:
+                raise ValueError("a given partition trains no clustering round: it cannot "
+                                 "reuse its updates (reuse_clustering_updates)")
 
     @property
     def cut_threshold(self) -> float:
@@ -126,6 +144,9 @@ class FLHC:
         return hc.DEFAULT_THRESHOLDS[self.threshold_mode]
 
     def init(self, setup: Setup) -> FLHCState:
+        if self.partition is not None and len(self.partition) != setup.num_clients:
+            raise ValueError(f"partition lists {len(self.partition)} clients, the federation "
+                             f"has {setup.num_clients}")
         return FLHCState(setup.initial_params[None].copy(),
                          np.zeros(setup.num_clients, dtype=np.int64), setup.seed)
 
@@ -135,6 +156,8 @@ class FLHC:
         return not state.clustered and ctx.round >= self.rounds_before_clustering
 
     def plan(self, state: FLHCState, ctx: RoundContext) -> list[ClientTask]:
+        if self._is_clustering_round(state, ctx) and self.partition is not None:
+            return []
         if self._is_clustering_round(state, ctx):
             # Alg. 1 lines 6-9: every client, whatever C, trains from w_n.
             return [ClientTask(c, TaskKind.TRAIN, state.models[0], ctx.train,
@@ -165,6 +188,8 @@ class FLHC:
 
     def update(self, state: FLHCState, ctx: RoundContext, results: Sequence[ClientResult]
                ) -> Update:
+        if self._is_clustering_round(state, ctx) and self.partition is not None:
+            return self._assign(state)
         if self._is_clustering_round(state, ctx):
             return self._cluster(state, results)
         if not state.clustered:   # Eq. 2
@@ -208,6 +233,9 @@ class FLHC:
                  "tree": np.round(tree.linkage, 8).tolist(),
                  "n_clusters": len(models), "cluster_sizes": sizes.tolist(),
                  "unclustered": missing.tolist()}
+        if self.record_distances:
+            event["distances"] = {m: np.round(hc.to_condensed(hc.pairwise_distances(vectors, m)),
+                                              8).tolist() for m in hc.METRICS}
         heights = tree.heights
         metrics = {"flhc_clustering": {"n_clusters": len(models),
                             "cluster_sizes": sizes.tolist(), "cut_height": cut,
@@ -216,6 +244,19 @@ class FLHC:
         new = replace(state, models=models, assignment=assignment, clustered=True)
         # A4 counts the clustering round as the round's training; else FedAvg runs in step 1.
         return Update(new, metrics, [event], round_done=self.reuse_clustering_updates)
+
+    def _assign(self, state: FLHCState) -> Update:
+        """The given partition in place of lines 10-12; every cluster starts from w_n (A4)."""
+        labels = np.asarray(self.partition, dtype=np.int64)
+        k = int(labels.max()) + 1
+        models = np.repeat(state.models[:1], k, axis=0)
+        sizes = np.bincount(labels, minlength=k)
+        event = {"type": "hierarchical_clustering", "given_partition": True,
+                 "labels": labels.tolist(), "n_clusters": k, "cluster_sizes": sizes.tolist()}
+        metrics = {"flhc_clustering": {"n_clusters": k, "cluster_sizes": sizes.tolist(),
+                                       "clustering_clients": 0}}
+        new = replace(state, models=models, assignment=labels, clustered=True)
+        return Update(new, metrics, [event], round_done=False)
 
     def clusters(self, state: FLHCState) -> ClusterView:
         return ClusterView(state.models, state.assignment)

@@ -30,3 +30,18 @@ def clustering_scores(true: np.ndarray, found: np.ndarray) -> dict[str, float]:
         "ari": float(adjusted_rand_score(true, found)),
         "nmi": float(normalized_mutual_info_score(true, found)),
     }
+
+
+def truth_scores(true: np.ndarray, found: np.ndarray) -> dict[str, float | None]:
+    """`clustering_scores`, or None for each where the truth is unknown.
+
+    Scoring against all-NO_TRUTH labels would read as a perfect (or a zero) score: made up.
+    """
+    if not has_truth(true):
+        return {"ari": None, "nmi": None}
+    return dict(clustering_scores(true, found))
+
+
+def score_text(value: float | None, digits: int = 3) -> str:
+    """A score as printed in tables and result lines: 'n/a' where there is no truth."""
+    return "n/a" if value is None else f"{value:.{digits}f}"

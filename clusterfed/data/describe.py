@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from clusterfed.clustering.metrics import has_truth
 from clusterfed.data.scenarios import Federation
 
 
@@ -59,13 +60,16 @@ def describe(federation: Federation) -> dict[str, Any]:
     test_hist = label_histograms(federation, "test")
     train_sizes = [int(len(c.train_y)) for c in federation.clients]
     test_sizes = [int(len(c.test_y)) for c in federation.clients]
+    # Own data has no true clusters: both None (null), as in a run's summary.
+    known = has_truth(federation.true_clusters)
     return {
         "clients": federation.num_clients,
         "n_classes": int(federation.n_classes),
         "input_shape": [int(v) for v in federation.input_shape],
         "clients_per_cluster": {str(k): v for k, v in
-                                clients_per_cluster(federation.true_clusters).items()},
-        "true_clusters": [int(c) for c in federation.true_clusters],
+                                clients_per_cluster(federation.true_clusters).items()}
+        if known else None,
+        "true_clusters": [int(c) for c in federation.true_clusters] if known else None,
         "train_samples": size_summary(train_sizes),
         "test_samples": size_summary(test_sizes),
         "train_sizes": train_sizes,
@@ -81,19 +85,25 @@ def format_description(description: Mapping[str, Any], max_clients: int = 20) ->
     """A few lines for the terminal: clusters, size summaries, one line per client."""
     d = description
     clusters = d["clients_per_cluster"]
-    lines = [
-        f"{d['clients']} clients in {len(clusters)} true clusters, {d['n_classes']} labels, "
-        f"input {tuple(d['input_shape'])}",
-        "clients per true cluster: " + ", ".join(f"{k}: {v}" for k, v in clusters.items()),
-    ]
+    if clusters is None:
+        lines = [f"{d['clients']} clients, true clusters unknown (own data), "
+                 f"{d['n_classes']} labels, input {tuple(d['input_shape'])}"]
+    else:
+        lines = [
+            f"{d['clients']} clients in {len(clusters)} true clusters, {d['n_classes']} labels, "
+            f"input {tuple(d['input_shape'])}",
+            "clients per true cluster: " + ", ".join(f"{k}: {v}" for k, v in clusters.items()),
+        ]
     for split in ("train", "test"):
         s = d[f"{split}_samples"]
         lines.append(f"{split} samples per client: min {s['min']}, median {s['median']:g}, "
                      f"max {s['max']} (total {s['total']})")
     lines.append("client cluster  train   test  train labels (label:count)")
     shown = min(max_clients, d["clients"])
+    true = d["true_clusters"]
     for i in range(shown):
-        lines.append(f"{i:6d} {d['true_clusters'][i]:7d} {d['train_sizes'][i]:6d} "
+        cluster = "-" if true is None else str(true[i])
+        lines.append(f"{i:6d} {cluster:>7} {d['train_sizes'][i]:6d} "
                      f"{d['test_sizes'][i]:6d}  "
                      f"{compact_histogram(d['train_label_histogram'][i])}")
     if d["clients"] > shown:

@@ -29,6 +29,7 @@ import numpy as np
 
 from clusterfed import config as cfg
 from clusterfed.algorithms import ALGORITHMS
+from clusterfed.clustering.metrics import has_truth
 from clusterfed.errors import ConfigError
 
 ARI_BAR = 0.95
@@ -151,6 +152,7 @@ def run_benchmark(out: str | Path, *, datasets: Sequence[str], scenarios: Sequen
                     continue
                 federation = build_federation_for(
                     cell_config(dataset, scenario, seed, todo[0], [*overrides, *extra]), None)
+                require_truth(federation.true_clusters, f"{dataset}/{scenario}/{seed}")
                 for method in todo:
                     config = cell_config(dataset, scenario, seed, method, [*overrides, *extra])
                     start = time.perf_counter()
@@ -169,6 +171,16 @@ def run_benchmark(out: str | Path, *, datasets: Sequence[str], scenarios: Sequen
                                  f"ARI {row['ari']:.3f}, {row['clusters']} clusters, "
                                  f"accuracy {row['accuracy']:.4f}, {row['seconds']:.1f} s")
     return rows
+
+
+def require_truth(true_clusters: np.ndarray, cell: str) -> None:
+    """The benchmark scores clusterings against the truth: a federation without one (own data,
+    `data.dataset=folders`) has nothing to score, so it is refused rather than shown as ARI."""
+    if not has_truth(true_clusters):
+        raise ConfigError(f"benchmark cell {cell}: the federation's true clusters are unknown "
+                          "(own data), so there is no ARI to score; use `clusterfed compare` "
+                          "or `clusterfed run`, then `clusterfed report RUN --truth FILE` if "
+                          "the truth is known")
 
 
 def load_results(path: Path) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ from typing import Any
 
 from clusterfed import config as cfg
 from clusterfed.algorithms import ALGORITHMS
+from clusterfed.clustering.metrics import score_text
 from clusterfed.errors import ConfigError
 from clusterfed.sim.simulation import build_federation_for, run_config
 
@@ -57,10 +58,12 @@ def compare(config: Mapping[str, Any], out_dir: str | Path, names: Sequence[str]
 
 
 def table_rows(comparison: Mapping[str, Any]) -> list[list[str]]:
+    """The comparison table; ARI is n/a for a federation without a truth (own data)."""
     rows = [["algorithm", "mean acc", "ARI", "clusters", "seconds"]]
     for name in comparison["algorithms"]:
         s = comparison["summaries"][name]
-        rows.append([name, f"{s['final']['mean_accuracy']:.4f}", f"{s['clustering']['ari']:.3f}",
+        rows.append([name, f"{s['final']['mean_accuracy']:.4f}",
+                     score_text(s["clustering"].get("ari")),
                      str(s["clustering"]["n_clusters"]), f"{s['wall_seconds']:.1f}"])
     return rows
 

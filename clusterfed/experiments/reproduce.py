@@ -123,9 +123,11 @@ def _same_data(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 def figures(summary: Mapping[str, Any]) -> dict[str, float]:
     final = summary["final"]
+    ari = summary["clustering"].get("ari")
     return {"own": 100 * float(final["mean_accuracy"]),
             "cluster": 100 * float(final.get("cluster_mean_accuracy", float("nan"))),
-            "ari": float(summary["clustering"]["ari"]),
+            # No truth (own data): NaN, which the table prints as '-'.
+            "ari": float("nan") if ari is None else float(ari),
             "clusters": float(summary["clustering"]["n_clusters"]),
             "seconds": float(summary.get("wall_seconds", float("nan")))}
 

@@ -4,6 +4,9 @@ The records: events.jsonl's "split" and "split_rejected" events (round, node, me
 the members' cosine matrix in member order, alpha_cross_max, gamma_bound, mean/max norm, and
 for a split its children), metrics.jsonl's per-round "cfl" norms of every leaf, and
 summary.json's true assignment. Rounds are the simulator's (1-based) everywhere.
+
+Without a truth (own data) the matrices are grouped by the clusters found instead, and what
+needs the truth (the gap g, the leaves' true make-up) is left out.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from matplotlib.patches import Patch, Rectangle  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from clusterfed.clustering import cfl_math  # noqa: E402
+from clusterfed.report import plots  # noqa: E402
 from clusterfed.sim.outputs import read_jsonl  # noqa: E402
 
 Record = Mapping[str, Any]
@@ -81,11 +85,12 @@ def event_gap(event: Record, true: Sequence[int]) -> float:
 # 1. The similarity matrix at each split -----------------------------------------------------
 
 def similarity_panels(events: Sequence[Record], true: Sequence[int], path: Path,
-                      max_panels: int = MAX_PANELS) -> int:
+                      max_panels: int = MAX_PANELS, what: str = "true") -> int:
     """One panel per split (the first `max_panels`), clients grouped by true cluster.
 
     Left strip: true cluster; top strip and tick colours: the split's part. Returns the number
-    of panels drawn (0 draws nothing).
+    of panels drawn (0 draws nothing). `what`: "found" where `true` holds the clusters found
+    (no truth known); the grouping and labels follow them.
     """
     shown = splits(events)[:max_panels]
     if not shown:
@@ -96,25 +101,26 @@ def similarity_panels(events: Sequence[Record], true: Sequence[int], path: Path,
                              squeeze=False, layout="constrained")
     image = None
     for ax, event in zip(axes.ravel(), shown, strict=False):
-        image = _similarity_panel(ax, event, np.asarray(true))
+        image = _similarity_panel(ax, event, np.asarray(true), what)
     for ax in axes.ravel()[len(shown):]:
         ax.axis("off")
     clusters = sorted({int(t) for t in true})
     handles = [Patch(color=PART_COLOURS[0], label="first part"),
                Patch(color=PART_COLOURS[1], label="second part"),
-               *(Patch(color=_true_colour(k), label=f"true cluster {k}") for k in clusters[:10])]
+               *(Patch(color=_true_colour(k), label=f"{what} cluster {k}")
+                 for k in clusters[:10])]
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6),
                fontsize=8)
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.7, label="cosine similarity")
     total = len(splits(events))
     more = f" (the first {len(shown)} of {total} splits)" if total > len(shown) else ""
-    fig.suptitle("Cosine similarity of the members' updates at each split, grouped by true "
-                 f"cluster{more}", fontsize=10)
+    fig.suptitle("Cosine similarity of the members' updates at each split, grouped by "
+                 f"{what} cluster{more}", fontsize=10)
     _save(fig, path)
     return len(shown)
 
 
-def _similarity_panel(ax: Any, event: Record, true: np.ndarray) -> Any:
+def _similarity_panel(ax: Any, event: Record, true: np.ndarray, what: str) -> Any:
     members = np.asarray(event["members"], dtype=np.int64)
     labels = true[members]
     part = part_index(event)
@@ -131,7 +137,7 @@ def _similarity_panel(ax: Any, event: Record, true: np.ndarray) -> Any:
                                color=_true_colour(labels[pos])))
     ax.set_xlim(-0.5 - w, m - 0.5)
     ax.set_ylim(m - 0.5, -0.5 - w)
-    # Thin lines between true-cluster blocks.
+    # Thin lines between the (true or found) cluster blocks.
     for b in np.flatnonzero(np.diff(labels[order])) + 0.5:
         ax.plot([b, b], [-0.5, m - 0.5], color="white", lw=1.2)
         ax.plot([-0.5, m - 0.5], [b, b], color="white", lw=1.2)
@@ -267,14 +273,15 @@ def gap_curves(events: Sequence[Record], true: Sequence[int], path: Path,
 # 4. Accuracy with split markers (Fig. 8) ----------------------------------------------------
 
 def accuracy_with_splits(metrics: Sequence[Record], events: Sequence[Record], path: Path) -> None:
-    """Mean and per-true-cluster accuracy over evaluated rounds, split rounds marked."""
+    """Mean and per-true-cluster (else per found cluster) accuracy over evaluated rounds, split
+    rounds marked."""
     rows = [m for m in metrics if "mean_accuracy" in m]
     rounds = [m["round"] for m in rows]
     fig, ax = plt.subplots(figsize=(7, 4))
-    for k in sorted(rows[-1]["per_true_cluster_accuracy"], key=int) if rows else []:
-        ax.plot(rounds, [m["per_true_cluster_accuracy"].get(k, np.nan) for m in rows],
-                color=_true_colour(int(k)), lw=1, alpha=0.7, marker=".",
-                label=f"true cluster {k}")
+    what, series = plots.cluster_series(rows)
+    for k, values in series.items():
+        ax.plot(rounds, values, color=_true_colour(int(k)), lw=1, alpha=0.7, marker=".",
+                label=f"{what} cluster {k}")
     ax.plot(rounds, [m["mean_accuracy"] for m in rows], color="black", lw=2, marker=".",
             label="mean")
     _mark_tests(ax, events, label=True)
@@ -334,9 +341,13 @@ def composition(members: Sequence[int], true: Sequence[int]) -> dict[int, int]:
     return {int(k): int(n) for k, n in zip(labels, counts, strict=True)}
 
 
-def parameter_tree(events: Sequence[Record], true: Sequence[int], path: Path) -> None:
-    """The tree of splits; a leaf shows its members' true clusters (coloured if pure)."""
-    tree = tree_from_events(events, len(true))
+def parameter_tree(events: Sequence[Record], true: Sequence[int] | None, path: Path,
+                   n_clients: int | None = None) -> None:
+    """The tree of splits; a leaf shows its members' true clusters (coloured if pure).
+
+    `true` None (no truth known; give `n_clients`): a leaf shows its size and members, uncoloured.
+    """
+    tree = tree_from_events(events, len(true) if true is not None else int(n_clients or 0))
     place = tree_layout(tree)
     leaves = sum(1 for v in tree.values() if not v["children"])
     depth = max(d for _, d in place.values())
@@ -352,6 +363,9 @@ def parameter_tree(events: Sequence[Record], true: Sequence[int], path: Path) ->
         if node["children"]:
             text = f"node {v}\n{size} clients\nsplit r{node['round']}"
             face = "white"
+        elif true is None:
+            text = f"node {v}\n{size} clients\n" + _member_text(node["members"])
+            face = "white"
         else:
             parts = composition(node["members"], true)
             text = f"node {v}\n" + "\n".join(f"T{k}: {n}" for k, n in parts.items())
@@ -361,16 +375,26 @@ def parameter_tree(events: Sequence[Record], true: Sequence[int], path: Path) ->
     ax.set_xlim(-0.7, leaves - 0.3)
     ax.set_ylim(-depth - 0.7, 0.7)
     ax.axis("off")
-    ax.set_title("Parameter tree\nleaves: members by true cluster Tk, as at their creation; "
-                 "coloured if pure", fontsize=9)
+    ax.set_title("Parameter tree\nleaves: " + (
+        "members by true cluster Tk, as at their creation; coloured if pure" if true is not None
+        else "members as at their creation"), fontsize=9)
     fig.tight_layout()
     _save(fig, path)
 
 
+def _member_text(members: Sequence[int], per_line: int = 4, most: int = 12) -> str:
+    """A leaf's member ids, a few per line, cut at `most`."""
+    ids = [str(int(c)) for c in members[:most]]
+    rows = [", ".join(ids[i:i + per_line]) for i in range(0, len(ids), per_line)]
+    if len(members) > most:
+        rows.append(f"+{len(members) - most} more")
+    return "\n".join(rows)
+
+
 # The report section ---------------------------------------------------------------------------
 
-def split_table(events: Sequence[Record], true: Sequence[int]) -> list[str]:
-    """A markdown table, one row per split event."""
+def split_table(events: Sequence[Record], true: Sequence[int] | None) -> list[str]:
+    """A markdown table, one row per split event; without a truth, no gap g (n/a)."""
     lines = ["| round | node | children | sizes | alpha_cross_max | gamma bound | gap g |",
              "|---:|---:|---|---|---:|---:|---:|"]
     for e in splits(events):
@@ -378,7 +402,7 @@ def split_table(events: Sequence[Record], true: Sequence[int]) -> list[str]:
         children = ", ".join(str(c) for c in e["children"])
         lines.append(f"| {e['round']} | {e['node']} | {children} | {sizes} | "
                      f"{e['alpha_cross_max']:.4f} | {e['gamma_bound']:.4f} | "
-                     f"{event_gap(e, true):.4f} |")
+                     + ("n/a" if true is None else f"{event_gap(e, true):.4f}") + " |")
     return lines
 
 
@@ -386,34 +410,38 @@ def cfl_section(folder: Path, summary: Record, metrics: Sequence[Record]) -> lis
     """Draw the CFL figures into `folder`; returns the report's "## CFL" section as lines."""
     events = read_jsonl(folder / "events.jsonl")
     true = summary["clustering"]["true_assignment"]
+    groups, what = plots.grouping(summary["clustering"])
     found, tests = splits(events), split_tests(events)
     rejected = len(tests) - len(found)
     refused = f"{rejected} split test{'' if rejected == 1 else 's'} rejected"
+    gap_note = ("The gap g is alpha_intra_min (true labels) minus alpha_cross_max; g > 0 "
+                "guarantees a correct bipartition." if true is not None else
+                "The gap g needs the true clusters, which are unknown (own data).")
     lines = ["## CFL", ""]
     if found:
-        lines += [f"{len(found)} split{'' if len(found) == 1 else 's'} ({refused}). The gap g is "
-                  "alpha_intra_min (true labels) minus alpha_cross_max; g > 0 guarantees a "
-                  "correct bipartition.", "", *split_table(events, true), ""]
+        lines += [f"{len(found)} split{'' if len(found) == 1 else 's'} ({refused}). {gap_note}",
+                  "", *split_table(events, true), ""]
     else:
         lines += [f"No split happened ({refused}).", ""]
-    shown = similarity_panels(events, true, folder / IMAGES["similarity"])
+    shown = similarity_panels(events, groups, folder / IMAGES["similarity"], what=what)
     if shown:
         more = f" (the first {shown} of {len(found)})" if len(found) > shown else ""
         lines += [f"### Similarity of the members' updates at each split{more}", "",
-                  "Clients grouped by true cluster (left strip); top strip and tick colours: "
+                  f"Clients grouped by {what} cluster (left strip); top strip and tick colours: "
                   "the split's two parts.", "", f"![similarity]({IMAGES['similarity']})", ""]
     else:
         (folder / IMAGES["similarity"]).unlink(missing_ok=True)  # no stale figure
     norm_curves(metrics, events, folder / IMAGES["norms"])
     lines += ["### Update norms per cluster (Fig. 7)", "", f"![norms]({IMAGES['norms']})", ""]
     lines += ["### Separation gap over rounds", ""]
-    if gap_curves(events, true, folder / IMAGES["gap"], metrics):
+    if true is not None and gap_curves(events, true, folder / IMAGES["gap"], metrics):
         lines += [f"![gap]({IMAGES['gap']})", ""]
     else:
         (folder / IMAGES["gap"]).unlink(missing_ok=True)
-        lines += ["No split test was run, so there is no gap to show.", ""]
+        lines += ["No split test was run, so there is no gap to show." if true is not None
+                  else "Not shown: the gap needs the true clusters.", ""]
     accuracy_with_splits(metrics, events, folder / IMAGES["accuracy"])
-    parameter_tree(events, true, folder / IMAGES["tree"])
+    parameter_tree(events, true, folder / IMAGES["tree"], n_clients=len(groups))
     lines += ["### Accuracy with split markers (Fig. 8)", "",
               f"![accuracy with splits]({IMAGES['accuracy']})", "",
               "### Parameter tree", "", f"![tree]({IMAGES['tree']})", ""]

@@ -3,8 +3,9 @@
 The records: events.jsonl's "hierarchical_clustering" event (round, the scipy linkage matrix
 "tree" over the clustering round's clients, the cut height, the labels, cluster sizes),
 metrics.jsonl's per-round mean accuracy and clients_at_target (with eval.target_accuracy),
-and summary.json's true assignment. Rounds are the simulator's (1-based): the clustering
-round is the first part of round n+1, whose evaluation is the paper's "post-cluster" figure.
+and summary.json's true assignment (else, for own data, the clusters found). Rounds are the
+simulator's (1-based): the clustering round is the first part of round n+1, whose evaluation
+is the paper's "post-cluster" figure.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy.cluster import hierarchy  # noqa: E402
 
+from clusterfed.report import plots  # noqa: E402
 from clusterfed.sim.outputs import read_jsonl  # noqa: E402
 
 Record = Mapping[str, Any]
@@ -37,8 +39,10 @@ def _save(fig: Any, path: Path) -> None:
     plt.close(fig)
 
 
-def dendrogram_plot(event: Record, true_assignment: Sequence[int], path: Path) -> None:
-    """The clustering round's dendrogram, the cut as a dashed line, leaves by true cluster."""
+def dendrogram_plot(event: Record, true_assignment: Sequence[int], path: Path,
+                    what: str = "true") -> None:
+    """The clustering round's dendrogram, the cut as a dashed line, leaves by true cluster
+    (`what` "found": `true_assignment` holds the clusters found, no truth being known)."""
     tree = np.asarray(event["tree"], dtype=np.float64)
     clients = np.asarray(event["clients"])
     fig, ax = plt.subplots(figsize=(max(6.0, 0.09 * len(clients)), 4))
@@ -56,7 +60,7 @@ def dendrogram_plot(event: Record, true_assignment: Sequence[int], path: Path) -
             ax.legend(fontsize=8)
             ax.set_ylim(top=max(ax.get_ylim()[1], 1.05 * cut))
     ax.set(title=f"FL+HC clustering round ({event['metric']}, {event['linkage']} linkage); "
-                 "squares: true cluster", xlabel="clients", ylabel="merge height")
+                 f"squares: {what} cluster", xlabel="clients", ylabel="merge height")
     _save(fig, path)
 
 
@@ -117,8 +121,8 @@ def flhc_section(folder: Path, summary: Record, metrics: Sequence[Record]) -> li
     if event is None:
         return [*lines, "No clustering round took place (the run ended before round n+1): "
                 "the run is FedAvg.", "", f"![curves]({IMAGES['curves']})", ""]
-    dendrogram_plot(event, summary["clustering"]["true_assignment"],
-                    folder / IMAGES["dendrogram"])
+    groups, what = plots.grouping(summary["clustering"])
+    dendrogram_plot(event, groups, folder / IMAGES["dendrogram"], what)
     heights = np.asarray(event["tree"], dtype=np.float64)[:, 2] if event["tree"] else \
         np.zeros(0)
     last = int(summary["rounds"])
@@ -126,13 +130,14 @@ def flhc_section(folder: Path, summary: Record, metrics: Sequence[Record]) -> li
     top = ", ".join(f"{h:.4g}" for h in np.sort(heights)[::-1][:6])
     cut = "none" if event["cut_height"] is None else f"{event['cut_height']:.4g}"
     median = float(np.median(heights)) if len(heights) else 0.0
+    ari = summary["clustering"].get("ari")
+    scored = "" if ari is None else f"; ARI {ari:.3f} against the true clusters"
     lines += [
         f"- clustering round: at the start of round {marked}, all "
         f"{len(event['clients'])} clients; {event['metric']} distance, {event['linkage']} "
         f"linkage, threshold {event['threshold']} ({event['threshold_mode']}), cut at height "
         f"{cut}",
-        f"- clusters: {event['n_clusters']}, sizes {event['cluster_sizes']}; ARI "
-        f"{summary['clustering']['ari']:.3f} against the true clusters",
+        f"- clusters: {event['n_clusters']}, sizes {event['cluster_sizes']}{scored}",
         f"- highest merge heights: {top}; median {median:.4g}",
         f"- post-cluster (round {marked}): mean accuracy {_pct(post['mean_accuracy'])} %, "
         f"clients at target {_pct(post['clients_at_target'])} %",

@@ -2,7 +2,8 @@
 
 The records: events.jsonl's "lcfl_clustering" event (its round, the found labels, the logged
 clients' rows of d, the exchange's cost), metrics.jsonl's accuracy per evaluated round, and
-summary.json's true assignment. Rounds are the simulator's (1-based).
+summary.json's true assignment. Rounds are the simulator's (1-based). Without a truth (own
+data) d is ordered by the clusters found and no ARI is given.
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ def true_order(true: Sequence[int], found: Sequence[int]) -> np.ndarray:
     return np.lexsort((np.arange(len(true)), np.asarray(found), np.asarray(true)))
 
 
-def distance_plot(event: Record, true: Sequence[int], path: Path) -> None:
-    """d with the logged clients ordered by true cluster; ticks mark the true blocks."""
+def distance_plot(event: Record, true: Sequence[int] | None, path: Path) -> None:
+    """d with the logged clients ordered by true cluster; lines mark the true blocks. Without a
+    truth (None), ordered by found cluster, lines marking the found blocks."""
     clients = np.asarray(event["distance_clients"], dtype=np.int64)
     d = np.asarray(event["distance"], dtype=np.float64)
-    labels = np.asarray(true)[clients]
     found = np.asarray(event["labels"])[clients]
+    labels = found if true is None else np.asarray(true)[clients]
+    what = "found" if true is None else "true"
     order = true_order(labels, found)
     fig, ax = plt.subplots(figsize=(5.6, 4.6))
     image = ax.imshow(d[np.ix_(order, order)], cmap="viridis", interpolation="nearest")
@@ -48,7 +51,7 @@ def distance_plot(event: Record, true: Sequence[int], path: Path) -> None:
     for e in edges:
         ax.axhline(e, color="white", lw=0.8)
         ax.axvline(e, color="white", lw=0.8)
-    ax.set(title=f"LCFL d ({event.get('metric', 'loss')}), clients by true cluster",
+    ax.set(title=f"LCFL d ({event.get('metric', 'loss')}), clients by {what} cluster",
            xlabel="client (ordered)", ylabel="client (ordered)")
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     fig.tight_layout()
@@ -57,7 +60,7 @@ def distance_plot(event: Record, true: Sequence[int], path: Path) -> None:
 
 
 def accuracy_plot(metrics: Sequence[Record], clustering_round: int | None, path: Path) -> None:
-    """Mean and per-true-cluster accuracy; the warm-up shaded up to the clustering round."""
+    """Mean and per-cluster accuracy; the warm-up shaded up to the clustering round."""
 
     def warm_up(ax: Any) -> None:
         if clustering_round is not None:
@@ -77,21 +80,25 @@ def lcfl_section(folder: Path, summary: Record, metrics: Sequence[Record]) -> li
         accuracy_plot(metrics, None, folder / IMAGES["accuracy"])
         return lines + ["The run ended before the clustering round (still in the warm-up).",
                         "", f"![accuracy]({IMAGES['accuracy']})", ""]
-    scores = clustering_scores(np.asarray(true), np.asarray(event["labels"]))
+    scored = ""
+    if true is not None:
+        ari = clustering_scores(np.asarray(true), np.asarray(event["labels"]))["ari"]
+        scored = f", ARI {ari:.3f} against the true clusters"
     distance_plot(event, true, folder / IMAGES["distance"])
     accuracy_plot(metrics, int(event["round"]), folder / IMAGES["accuracy"])
     shown = len(event["distance_clients"])
     lines += [
         f"- clustered once, in round {event['round']}, on the {event.get('metric', 'loss')} "
-        f"dissimilarity: {event['clusters']} clusters, ARI {scores['ari']:.3f} against the "
-        f"true clusters, silhouette on d {event.get('silhouette', float('nan')):.3f}",
+        f"dissimilarity: {event['clusters']} clusters{scored}, silhouette on d "
+        f"{event.get('silhouette', float('nan')):.3f}",
         f"- exchange cost: {event['model_evaluations']:,} model evaluations, "
         f"{event['bytes_down_per_client'] / 1e6:.2f} MB down and "
         f"{event['bytes_up_per_client'] / 1e6:.4f} MB up per client; client compute "
         f"{event['client_seconds_total']:.1f} s in all, {event['client_seconds_max']:.2f} s "
         f"for the slowest client",
         "",
-        f"### d, clients ordered by true cluster ({shown} of {len(true)} clients)", "",
+        f"### d, clients ordered by {'found' if true is None else 'true'} cluster ({shown} "
+        f"of {len(summary['clustering']['assignment'])} clients)", "",
         f"![distance]({IMAGES['distance']})", "",
         "### Accuracy per round, the warm-up shaded", "",
         f"![accuracy]({IMAGES['accuracy']})", "",

@@ -3,8 +3,9 @@
 The records: events.jsonl's "pacfl_clustering" event (the clients in matrix order, the
 proximity matrix A in degrees, scipy's linkage tree, beta, the flat labels) and any
 "pacfl_newcomers" events (the extended A and the rerun), metrics.jsonl's accuracies, and
-summary.json's true assignment. Also the paper's efficiency measures (Tables 4, 8, 9):
-rounds to a target accuracy and the communication they cost.
+summary.json's true assignment (without one, own data: figures grouped by the clusters found).
+Also the paper's efficiency measures (Tables 4, 8, 9): rounds to a target accuracy and the
+communication they cost.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np  # noqa: E402
 from scipy.cluster.hierarchy import dendrogram  # noqa: E402
 
 from clusterfed.clustering import principal_angles as pa  # noqa: E402
+from clusterfed.report import plots  # noqa: E402
 from clusterfed.sim.outputs import read_jsonl  # noqa: E402
 
 Record = Mapping[str, Any]
@@ -72,11 +74,12 @@ def angle_gap(proximity: np.ndarray, true: np.ndarray) -> tuple[float, float] | 
     return (float(inside.max()) if len(inside) else 0.0, float(proximity[~same].min()))
 
 
-def plot_proximity(event: Record, true: Sequence[int], path: Path) -> None:
+def plot_proximity(event: Record, true: Sequence[int] | None, path: Path) -> None:
+    """A in degrees, clients ordered by true cluster (None: by found cluster), blocks lined."""
     ids = np.asarray(event["clients"])
     a = np.asarray(event["proximity"], dtype=np.float64)
-    t = np.asarray(true)[ids]
     found = np.asarray(event.get("assignment", event["labels"]))
+    t = found if true is None else np.asarray(true)[ids]
     order = true_order(t, found)
     fig, ax = plt.subplots(figsize=(6.2, 5.2))
     im = ax.imshow(a[np.ix_(order, order)], cmap="viridis_r", interpolation="nearest")
@@ -84,7 +87,8 @@ def plot_proximity(event: Record, true: Sequence[int], path: Path) -> None:
     for k in np.flatnonzero(np.diff(t[order]) != 0):
         ax.axhline(k + 0.5, color="white", lw=0.8)
         ax.axvline(k + 0.5, color="white", lw=0.8)
-    ax.set_title(f"proximity matrix A ({event['measure']}), clients by true cluster")
+    ax.set_title(f"proximity matrix A ({event['measure']}), clients by "
+                 f"{'found' if true is None else 'true'} cluster")
     ax.set_xlabel("client (ordered)")
     ax.set_ylabel("client (ordered)")
     fig.tight_layout()
@@ -92,7 +96,9 @@ def plot_proximity(event: Record, true: Sequence[int], path: Path) -> None:
     plt.close(fig)
 
 
-def plot_dendrogram(event: Record, true: Sequence[int], path: Path) -> None:
+def plot_dendrogram(event: Record, true: Sequence[int], path: Path, what: str = "true"
+                    ) -> None:
+    """The signatures' dendrogram and its cut; dots: each leaf's true (or `what`) cluster."""
     tree = np.asarray(event["tree"], dtype=np.float64)
     ids = np.asarray(event["clients"])
     fig, ax = plt.subplots(figsize=(9, 4))
@@ -110,7 +116,7 @@ def plot_dendrogram(event: Record, true: Sequence[int], path: Path) -> None:
                    label=f"cut: {len(set(event['labels']))} clusters")
         ax.legend(loc="upper right")
     ax.set_ylabel(f"{event['linkage']} linkage distance (degrees)")
-    ax.set_title("dendrogram of the clients' signatures (dots: true cluster)")
+    ax.set_title(f"dendrogram of the clients' signatures (dots: {what} cluster)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -204,10 +210,11 @@ def pacfl_section(folder: Path, summary: Record, metrics: Sequence[Record],
     lines = ["## PACFL", ""]
     if not found:
         return lines + ["No clustering was recorded.", ""]
-    true = np.asarray(summary["clustering"]["true_assignment"])
+    known = summary["clustering"]["true_assignment"]
+    groups, what = plots.grouping(summary["clustering"])
     last = [e for e in found if "tree" in e][-1]   # the newest HC (nearest joins run none)
-    plot_proximity(last, true, folder / IMAGES["proximity"])
-    plot_dendrogram(last, true, folder / IMAGES["dendrogram"])
+    plot_proximity(last, known, folder / IMAGES["proximity"])
+    plot_dendrogram(last, groups, folder / IMAGES["dendrogram"], what)
     plot_clusters_against_beta(last, folder / IMAGES["beta"])
     z = len(set(last["labels"]))
     lines += [f"- signatures clustered at round {found[0]['round']}: {z} clusters, "
@@ -216,7 +223,8 @@ def pacfl_section(folder: Path, summary: Record, metrics: Sequence[Record],
               + (f"n_clusters {last['n_clusters']})" if last.get("n_clusters") is not None
                  else f"beta {last['beta']})" if last.get("beta") is not None
                  else "the best silhouette)")]
-    gap = angle_gap(np.asarray(last["proximity"]), true[np.asarray(last["clients"])])
+    gap = None if known is None else angle_gap(np.asarray(last["proximity"]),
+                                               np.asarray(known)[np.asarray(last["clients"])])
     if gap is not None:
         lines.append(f"- largest angle inside a true cluster {gap[0]:.2f} degrees, smallest "
                      f"across {gap[1]:.2f}: " + ("separable by a threshold" if gap[0] < gap[1]
@@ -248,7 +256,7 @@ def pacfl_section(folder: Path, summary: Record, metrics: Sequence[Record],
     lines += ["", "### Rounds to target (Table 4) and the paper's cost to reach it "
               "(Tables 8, 9)", ""]
     lines += targets_table({"pacfl": metrics}, participation, model_size(metrics))
-    lines += ["", "### Proximity matrix (clients ordered by true cluster)", "",
+    lines += ["", f"### Proximity matrix (clients ordered by {what} cluster)", "",
               f"![proximity]({IMAGES['proximity']})", "",
               "### Dendrogram and its cut", "", f"![dendrogram]({IMAGES['dendrogram']})", "",
               "### Clusters against beta", "", f"![beta]({IMAGES['beta']})", ""]

@@ -3,47 +3,88 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import format_table, table_rows
 from clusterfed.report import cfl_plots, flhc_plots, ifca_plots, lcfl_plots, pacfl_plots, plots
+from clusterfed.report.truth import read_truth, rescored, score_rows
 from clusterfed.sim.outputs import read_config, read_jsonl
 
 
-def write_report(folder: str | Path) -> Path:
-    """Write report.md (and its PNGs) into a run or comparison folder; returns its path."""
+def write_report(folder: str | Path, truth_file: str | Path | None = None) -> Path:
+    """Write report.md (and its PNGs) into a run or comparison folder; returns its path.
+
+    `truth_file`: score the clustering against the true clusters it gives (see
+    `clusterfed.report.truth`), e.g. a run on own data whose truth is known afterwards.
+    """
     folder = Path(folder)
+    truth = None if truth_file is None else read_truth(truth_file)
     if (folder / "comparison.json").exists():
-        return _comparison_report(folder)
+        return _comparison_report(folder, truth, str(truth_file))
     if (folder / "summary.json").exists():
-        return _run_report(folder)
+        return _run_report(folder, truth, str(truth_file))
     raise ConfigError(f"{folder} holds neither summary.json nor comparison.json: "
                       "not a finished run or comparison folder")
 
 
-def _run_report(folder: Path) -> Path:
+def _records(folder: Path, truth: np.ndarray | None, source: str
+             ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The run's summary and metrics records, rescored against `truth` if given."""
     summary = json.loads((folder / "summary.json").read_text())
     metrics = read_jsonl(folder / "metrics.jsonl")
+    if truth is None:
+        return summary, metrics
+    return rescored(summary, metrics, read_jsonl(folder / "events.jsonl"), truth, source)
+
+
+def _clustering_line(clustering: Mapping[str, Any]) -> str:
+    head = f"- clusters found: {clustering['n_clusters']}"
+    if clustering.get("ari") is None:
+        # Own data: nothing to score against; say how to score it, print no figure.
+        return (f"{head}; the true clusters are unknown (own data), so the clustering is not "
+                "scored (`clusterfed report RUN --truth FILE` scores it against a known truth)")
+    scores = f"ARI {clustering['ari']:.3f}, NMI {clustering['nmi']:.3f}"
+    if "truth_file" in clustering:
+        return f"{head}; {scores} against the true clusters in {clustering['truth_file']}"
+    return f"{head}; {scores} against the true clusters"
+
+
+def _run_report(folder: Path, truth: np.ndarray | None = None, source: str = "") -> Path:
+    summary, metrics = _records(folder, truth, source)
     clustering = summary["clustering"]
+    known = clustering["true_assignment"] is not None
+    groups, what = plots.grouping(clustering)
+    accuracy = summary["final"]["per_client_accuracy"]
     plots.accuracy_curves(metrics, folder / "accuracy.png")
-    plots.per_client_bars(summary["final"]["per_client_accuracy"], clustering["true_assignment"],
-                          folder / "per_client.png")
-    plots.cluster_matrix(clustering["true_assignment"], clustering["assignment"],
-                         folder / "clusters.png")
+    plots.per_client_bars(accuracy, groups, folder / "per_client.png")
+    if known:
+        plots.cluster_matrix(clustering["true_assignment"], clustering["assignment"],
+                             folder / "clusters.png")
+    else:
+        (folder / "clusters.png").unlink(missing_ok=True)   # no stale figure of a truth
     lines = [
         f"# {summary['algorithm']}: {summary['rounds']} rounds, seed {summary['seed']}",
         "",
         f"- mean client accuracy: {summary['final']['mean_accuracy']:.4f}",
-        f"- clusters found: {clustering['n_clusters']}; ARI {clustering['ari']:.3f}, "
-        f"NMI {clustering['nmi']:.3f} against the true clusters",
+        _clustering_line(clustering),
         f"- wall time: {summary['wall_seconds']:.1f} s",
         "",
         "## Accuracy per round", "", "![accuracy](accuracy.png)", "",
-        "## Final accuracy per client (colour: true cluster)", "", "![clients](per_client.png)",
-        "",
-        "## Found clusters against true clusters", "", "![clusters](clusters.png)", "",
+        f"## Final accuracy per client (colour: {what} cluster)", "",
+        "![clients](per_client.png)", "",
+        "## Clusters found", "", *plots.found_clusters(clustering["assignment"], accuracy), "",
     ]
+    if known:
+        lines += ["## Found clusters against true clusters", "", "![clusters](clusters.png)", ""]
+    if "truth_file" in clustering:
+        lines += ["## Scores per round", "",
+                  "Against the truth file, of the clustering in force at each evaluated round.",
+                  "", *score_rows(metrics), ""]
     if summary["algorithm"] == "cfl":
         lines += cfl_plots.cfl_section(folder, summary, metrics)
     if summary["algorithm"] == "ifca":
@@ -60,16 +101,20 @@ def _run_report(folder: Path) -> Path:
     return path
 
 
-def _comparison_report(folder: Path) -> Path:
+def _comparison_report(folder: Path, truth: np.ndarray | None = None, source: str = ""
+                       ) -> Path:
     comparison = json.loads((folder / "comparison.json").read_text())
     runs = {}
     for name in comparison["algorithms"]:
         if (folder / name / "summary.json").exists():
-            _run_report(folder / name)
+            _run_report(folder / name, truth, source)
+            if truth is not None:   # the table's ARI too, against the same truth
+                comparison["summaries"][name] = _records(folder / name, truth, source)[0]
         runs[name] = read_jsonl(folder / name / "metrics.jsonl")
     plots.compare_curves(runs, folder / "accuracy.png")
+    scored = [f"ARI against the true clusters in {source}.", ""] if truth is not None else []
     lines = ["# Comparison", "", "```", format_table(table_rows(comparison)), "```", "",
-             "![accuracy](accuracy.png)", "",
+             *scored, "![accuracy](accuracy.png)", "",
              "Each algorithm's own report: " + ", ".join(
                  f"[{n}]({n}/report.md)" for n in comparison["algorithms"]), ""]
     if "pacfl" in runs and (folder / "config.yaml").exists():

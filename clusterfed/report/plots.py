@@ -19,18 +19,43 @@ def _evaluated(metrics: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [m for m in metrics if "mean_accuracy" in m]
 
 
+def grouping(clustering: Mapping[str, Any]) -> tuple[list[int], str]:
+    """What a figure groups and colours clients by, and its name: the true clusters where they
+    are known, else (own data) the clusters found."""
+    true = clustering.get("true_assignment")
+    if true is not None:
+        return list(true), "true"
+    return list(clustering["assignment"]), "found"
+
+
+# Beyond this many found clusters, their accuracy lines would hide the mean: not drawn.
+MAX_CLUSTER_LINES = 10
+
+
+def cluster_series(rows: Sequence[Mapping[str, Any]]) -> tuple[str, dict[str, list[float]]]:
+    """Each true cluster's mean accuracy over the evaluated rows; without a truth, each found
+    cluster's (NaN in rounds it did not exist). Returns ("true" | "found", {cluster: values})."""
+    truth = bool(rows) and rows[-1].get("per_true_cluster_accuracy") is not None
+    key = "per_true_cluster_accuracy" if truth else "per_cluster_accuracy"
+    ids = sorted({k for m in rows for k in (m.get(key) or {})}, key=int)
+    if not truth and len(ids) > MAX_CLUSTER_LINES:
+        ids = []
+    return ("true" if truth else "found",
+            {k: [(m.get(key) or {}).get(k, np.nan) for m in rows] for k in ids})
+
+
 def accuracy_curves(metrics: Sequence[Mapping[str, Any]], path: Path,
                     mark: Callable[[Any], None] | None = None) -> None:
-    """Mean client accuracy and each true cluster's mean accuracy per round.
+    """Mean client accuracy and each true (else found) cluster's mean accuracy per round.
 
     `mark(ax)`, if given, draws a method's own phases on the axes (LCFL's warm-up).
     """
     rows = _evaluated(metrics)
     fig, ax = plt.subplots(figsize=(6, 4))
     rounds = [m["round"] for m in rows]
-    for k in sorted(rows[-1]["per_true_cluster_accuracy"], key=int) if rows else []:
-        ax.plot(rounds, [m["per_true_cluster_accuracy"].get(k, np.nan) for m in rows],
-                lw=1, alpha=0.6, label=f"true cluster {k}")
+    what, series = cluster_series(rows)
+    for k, values in series.items():
+        ax.plot(rounds, values, lw=1, alpha=0.6, label=f"{what} cluster {k}")
     ax.plot(rounds, [m["mean_accuracy"] for m in rows], color="black", lw=2, label="mean")
     if mark is not None:
         mark(ax)
@@ -42,15 +67,32 @@ def accuracy_curves(metrics: Sequence[Mapping[str, Any]], path: Path,
     plt.close(fig)
 
 
-def per_client_bars(accuracy: Sequence[float], true: Sequence[int], path: Path) -> None:
-    """Final accuracy of each client, coloured by its true cluster."""
+def per_client_bars(accuracy: Sequence[float], clusters: Sequence[int], path: Path) -> None:
+    """Final accuracy of each client, coloured by its cluster (true, or found without truth)."""
     fig, ax = plt.subplots(figsize=(max(6, len(accuracy) * 0.15), 3.5))
-    colours = plt.get_cmap("tab10")(np.asarray(true) % 10)
+    colours = plt.get_cmap("tab10")(np.asarray(clusters) % 10)
     ax.bar(np.arange(len(accuracy)), accuracy, color=colours)
     ax.set(xlabel="client", ylabel="final test accuracy", ylim=(0, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def found_clusters(assignment: Sequence[int], accuracy: Sequence[float],
+                   max_members: int = 30) -> list[str]:
+    """A markdown table of the clusters found: size, mean final accuracy, members."""
+    found = np.asarray(assignment)
+    acc = np.asarray(accuracy, dtype=np.float64)
+    lines = ["| found cluster | clients | mean accuracy | members |", "|---:|---:|---:|---|"]
+    for k in np.unique(found):
+        members = np.flatnonzero(found == k)
+        scored = acc[members][~np.isnan(acc[members])]
+        mean = f"{scored.mean():.4f}" if len(scored) else "n/a"
+        shown = ", ".join(str(int(c)) for c in members[:max_members])
+        if len(members) > max_members:
+            shown += f", ... (+{len(members) - max_members})"
+        lines.append(f"| {int(k)} | {len(members)} | {mean} | {shown} |")
+    return lines
 
 
 def cluster_matrix(true: Sequence[int], found: Sequence[int], path: Path) -> None:

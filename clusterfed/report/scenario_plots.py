@@ -32,12 +32,14 @@ def clients_per_cluster(counts: Mapping[str, int], path: Path) -> None:
     plt.close(fig)
 
 
-def samples_per_client(train: Sequence[int], test: Sequence[int], clusters: Sequence[int],
-                       path: Path) -> None:
-    """Train samples per client (bars, coloured by true cluster) and test samples (dots)."""
+def samples_per_client(train: Sequence[int], test: Sequence[int],
+                       clusters: Sequence[int] | None, path: Path) -> None:
+    """Train samples per client (bars, coloured by true cluster; grey without a truth) and test
+    samples (dots)."""
     n = len(train)
     fig, ax = plt.subplots(figsize=(max(6, n * 0.12), 3.5))
-    colours = plt.get_cmap("tab10")(np.asarray(clusters, dtype=np.int64) % 10)
+    colours = ("grey" if clusters is None
+               else plt.get_cmap("tab10")(np.asarray(clusters, dtype=np.int64) % 10))
     ax.bar(np.arange(n), train, color=colours, label="train")
     ax.plot(np.arange(n), test, "k.", ms=3, label="test")
     ax.set(xlabel="client", ylabel="samples")
@@ -70,12 +72,17 @@ def label_heatmap(histogram: Sequence[Sequence[int]], path: Path, title: str = "
 
 
 def write_scenario_plots(description: Mapping[str, Any], folder: Path) -> list[Path]:
-    """The three figures of `describe(...)` into `folder`; returns their paths."""
+    """The figures of `describe(...)` into `folder` (no clients-per-cluster chart where the
+    true clusters are unknown); returns their paths."""
     folder.mkdir(parents=True, exist_ok=True)
-    paths = [folder / "clients_per_cluster.png", folder / "samples_per_client.png",
-             folder / "label_histogram.png"]
-    clients_per_cluster(description["clients_per_cluster"], paths[0])
+    per_cluster = folder / "clients_per_cluster.png"
+    paths = [folder / "samples_per_client.png", folder / "label_histogram.png"]
+    if description["clients_per_cluster"] is not None:
+        clients_per_cluster(description["clients_per_cluster"], per_cluster)
+        paths.insert(0, per_cluster)
+    else:
+        per_cluster.unlink(missing_ok=True)   # no stale chart of an earlier description
     samples_per_client(description["train_sizes"], description["test_sizes"],
-                       description["true_clusters"], paths[1])
-    label_heatmap(description["train_label_histogram"], paths[2], "train labels per client")
+                       description["true_clusters"], paths[-2])
+    label_heatmap(description["train_label_histogram"], paths[-1], "train labels per client")
     return paths

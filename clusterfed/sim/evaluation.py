@@ -9,7 +9,7 @@ import numpy as np
 
 from clusterfed.algorithms.base import ClusterView
 from clusterfed.client.tasks import ClientTask, TaskKind, TrainSpec, match_results
-from clusterfed.clustering.metrics import clustering_scores
+from clusterfed.clustering.metrics import has_truth, truth_scores
 from clusterfed.sim.executor import Executor
 
 log = logging.getLogger("clusterfed")
@@ -120,17 +120,29 @@ def evaluated_mean(values: np.ndarray) -> float:
     return float(kept.mean()) if len(kept) else float("nan")
 
 
+def truth_figures(accuracy: np.ndarray, found: np.ndarray, true_clusters: np.ndarray
+                  ) -> dict[str, Any]:
+    """The figures of a record that need the true clusters: ARI, NMI and the mean accuracy
+    of each true cluster; each None where the truth is unknown (own data)."""
+    per_true = None
+    if has_truth(true_clusters):
+        per_true = {str(int(k)): evaluated_mean(accuracy[true_clusters == k])
+                    for k in np.unique(true_clusters)}
+    return {"per_true_cluster_accuracy": per_true, **truth_scores(true_clusters, found)}
+
+
 def round_record(per_client: np.ndarray, view: ClusterView, true_clusters: np.ndarray,
                  target_accuracy: float | None = None) -> dict[str, Any]:
     """Accuracy and clustering figures of one evaluation, JSON-ready.
 
     With a target accuracy, also the share of clients at or above it (FL+HC's second metric).
     A client a remote runtime could not evaluate has NaN figures: the means are over the
-    clients evaluated, and `unevaluated_clients` lists the others.
+    clients evaluated, and `unevaluated_clients` lists the others. Without a truth, `ari`,
+    `nmi` and `per_true_cluster_accuracy` are None (null in metrics.jsonl).
     """
     acc = per_client[:, 1]
     found = view.assignment
-    scores = clustering_scores(true_clusters, found)
+    truth = truth_figures(acc, found, true_clusters)
     missing = np.flatnonzero(np.isnan(per_client).any(axis=1))
     evaluated = acc[~np.isnan(acc)]
     extra = {} if target_accuracy is None else {
@@ -143,11 +155,10 @@ def round_record(per_client: np.ndarray, view: ClusterView, true_clusters: np.nd
         "per_client_loss": [round(float(v), 6) for v in per_client[:, 0]],
         "per_cluster_accuracy": {str(int(k)): evaluated_mean(acc[found == k])
                                  for k in np.unique(found)},
-        "per_true_cluster_accuracy": {str(int(k)): evaluated_mean(acc[true_clusters == k])
-                                      for k in np.unique(true_clusters)},
+        "per_true_cluster_accuracy": truth["per_true_cluster_accuracy"],
         "n_clusters": view.num_clusters,
-        "ari": scores["ari"],
-        "nmi": scores["nmi"],
+        "ari": truth["ari"],
+        "nmi": truth["nmi"],
         **extra,
     }
     if len(missing):

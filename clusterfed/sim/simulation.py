@@ -27,7 +27,7 @@ from clusterfed.client.tasks import (
     match_results,
 )
 from clusterfed.clustering.cfl_math import separation_gap
-from clusterfed.clustering.metrics import clustering_scores
+from clusterfed.clustering.metrics import has_truth, truth_scores
 from clusterfed.data import Federation, build_federation, load_dataset, own
 from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel, build_model
@@ -214,8 +214,11 @@ class Simulation:
 
     def _separation_gaps(self, diagnostics: Mapping[str, Mapping[str, np.ndarray]]
                          ) -> dict[str, float]:
-        """g(alpha) of each reported similarity matrix against the true clusters (CFL Eq. 48)."""
+        """g(alpha) of each reported similarity matrix against the true clusters (CFL Eq. 48);
+        none without a truth."""
         true = self.federation.true_clusters
+        if not has_truth(true):
+            return {}
         return {label: round(separation_gap(d["similarity"], true[np.asarray(d["members"])]), 6)
                 for label, d in diagnostics.items() if "similarity" in d and "members" in d}
 
@@ -381,10 +384,11 @@ class Simulation:
                       **{k: last[k] for k in ("cluster_mean_accuracy",
                                               "cluster_per_client_accuracy",
                                               "clients_at_target") if k in last}},
+            # Without a truth every figure that needs it is None (null), never a made-up score.
             "clustering": {"assignment": view.assignment.tolist(),
-                           "true_assignment": true.tolist(),
+                           "true_assignment": true.tolist() if has_truth(true) else None,
                            "n_clusters": view.num_clusters,
-                           **clustering_scores(true, view.assignment)},
+                           **truth_scores(true, view.assignment)},
         }
 
 
