@@ -9,24 +9,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from flower_cases import flower_config
 
 from clusterfed import config as cfg
+from clusterfed.data.export import client_dir, write_npz
 from clusterfed.data.scenarios import Federation
 from clusterfed.sim.simulation import build_federation_for
 
 
 def write_client_folders(federation: Federation, root: Path,
                          clients: Sequence[int] | None = None) -> list[Path]:
-    """root/client-K/data.npz for the listed clients of `federation`, renumbered 0..n-1."""
+    """root/client-K/ (scenario export's npz) for the listed clients, renumbered 0..n-1."""
     folders = []
     for k, c in enumerate(range(federation.num_clients) if clients is None else clients):
-        data = federation.clients[c]
-        folder = root / f"client-{k}"
+        folder = client_dir(root, k)
         folder.mkdir(parents=True, exist_ok=True)
-        np.savez(folder / "data.npz", x=data.train_x, y=data.train_y, x_test=data.test_x,
-                 y_test=data.test_y)
+        write_npz(federation.clients[c], folder)
         folders.append(folder)
     return folders
 

@@ -156,9 +156,9 @@ def test_an_own_data_node_describes_its_data_and_no_truth(folders, tmp_path):
         "privacy-secret-file": str(key)})
     described = served.describe()
     with np.load(folders / "client-2" / "data.npz") as data:
-        assert described["num_train"] == len(data["y"])
+        assert described["num_train"] == len(data["y_train"])
         assert described["num_test"] == len(data["y_test"])
-        assert described["classes"] == sorted({int(v) for v in data["y"]}
+        assert described["classes"] == sorted({int(v) for v in data["y_train"]}
                                               | {int(v) for v in data["y_test"]})
     assert described["true_cluster"] == -1
     assert described["input_shape"] == [1, 8, 8]
@@ -176,7 +176,7 @@ def test_a_node_whose_data_cannot_be_read_says_why_without_its_path(tmp_path):
     grid.add_node(0, {"data-path": str(empty)})
     executor = FlowerExecutor(grid, config, join_timeout=2.0, clock=(clock := FakeClock()),
                               sleep=clock.sleep)
-    with pytest.raises(ClusterfedError, match="no client data found") as caught:
+    with pytest.raises(ClusterfedError, match="<data-path> is empty: no client data") as caught:
         executor.join()
     assert str(empty) not in str(caught.value)
 

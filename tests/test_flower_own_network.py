@@ -18,10 +18,11 @@ import pytest
 pytest.importorskip("flwr", reason="Flower is not installed: the Flower runtime tests need "
                     "pip install -c constraints.txt -e '.[test,flower]'")
 
-from flower_cases import CLIENTS  # noqa: E402
-from own_folders import own_config, scenario_federation, write_client_folders  # noqa: E402
+import yaml  # noqa: E402
+from flower_cases import CLIENTS, flower_config  # noqa: E402
+from helpers import cli  # noqa: E402
+from own_folders import own_config  # noqa: E402
 
-from clusterfed.client.secret import new_secret_file  # noqa: E402
 from clusterfed.clustering.metrics import clustering_scores  # noqa: E402
 from clusterfed.data import own  # noqa: E402
 from clusterfed.flower.launch import run_config_for  # noqa: E402
@@ -93,10 +94,17 @@ class ServerSideGuarded(LocalFederation):
         return env
 
 
-def sites_with_secret(root: Path, clients: list[int] | None = None) -> tuple[Path, Path]:
-    """The sites' side: client-K folders and the shared secret, all under `root`."""
-    write_client_folders(scenario_federation(CFL), root / "federation", clients)
-    return root / "federation", new_secret_file(root / "federation.secret")
+def sites_with_secret(root: Path, capsys) -> tuple[Path, Path]:
+    """The sites' side, all under `root`: the small label-swap scenario exported as client-K
+    folders (`clusterfed scenario export`, with its truth.json) and the shared secret."""
+    root.mkdir(parents=True)
+    source = root / "scenario.yaml"
+    source.write_text(yaml.safe_dump(flower_config(CFL)))
+    code, _, err = cli(capsys, "scenario", "export", str(source), str(root / "federation"))
+    assert code == 0, err
+    code, _, err = cli(capsys, "secret", "new", str(root / "federation.secret"))
+    assert code == 0, err
+    return root / "federation", root / "federation.secret"
 
 
 def run_guarded(tmp_path: Path, sites: Path, folders: list[Path], secret: Path, config: dict
@@ -104,7 +112,7 @@ def run_guarded(tmp_path: Path, sites: Path, folders: list[Path], secret: Path, 
     out = tmp_path / "run"
     federation = ServerSideGuarded(len(folders), tmp_path / "flower", own_data=folders,
                                    secret_file=secret, echo=lambda line: None)
-    guard_log = federation.guard(tmp_path / "guard", [sites])
+    guard_log = federation.guard(tmp_path / "guard", [sites, secret])
     try:
         federation.start()
         code = federation.submit(run_config_for(config, out), timeout=RUN_TIMEOUT)
@@ -125,8 +133,8 @@ def assert_server_saw_nothing_secret(out: Path, guard_log: Path, secret: Path, s
         assert text not in seen
 
 
-def test_own_data_nodes_with_client_secrets_find_the_simulators_clusters(tmp_path):
-    sites, secret = sites_with_secret(tmp_path / "sites")
+def test_own_data_nodes_with_client_secrets_find_the_simulators_clusters(tmp_path, capsys):
+    sites, secret = sites_with_secret(tmp_path / "sites", capsys)
     config = own_config(CFL, privacy="permutation")
     config["train"].update(TRAIN)
     in_process = own_config(CFL, root=sites, privacy="permutation",
@@ -141,18 +149,19 @@ def test_own_data_nodes_with_client_secrets_find_the_simulators_clusters(tmp_pat
     assert got["clustering"]["assignment"] == expected["clustering"]["assignment"]
     np.testing.assert_allclose(got["final"]["per_client_accuracy"],
                                expected["final"]["per_client_accuracy"], atol=1e-6)
-    # The run knows no truth; the test does: the two label swaps were found.
-    truth = scenario_federation(CFL).true_clusters
-    assert clustering_scores(truth, np.array(got["clustering"]["assignment"]))["ari"] == 1.0
-    assert got["clustering"]["true_assignment"] == [-1] * CLIENTS
+    # The run knows no truth; the export's truth.json does: the two label swaps were found.
+    truth = json.loads((sites / "truth.json").read_text())["true_clusters"]
+    assert clustering_scores(np.array(truth), np.array(got["clustering"]["assignment"]))[
+        "ari"] == 1.0
+    assert got["clustering"]["true_assignment"] is None and got["clustering"]["ari"] is None
     assert_server_saw_nothing_secret(out, guard_log, secret, sites, federation)
 
 
-def test_a_node_with_wrongly_shaped_data_is_refused_and_the_run_finishes(tmp_path):
-    sites, secret = sites_with_secret(tmp_path / "sites")
+def test_a_node_with_wrongly_shaped_data_is_refused_and_the_run_finishes(tmp_path, capsys):
+    sites, secret = sites_with_secret(tmp_path / "sites", capsys)
     wrong = sites / "client-1"
     with np.load(wrong / "data.npz") as data:
-        x, y = data["x"], data["y"]
+        x, y = data["x_train"], data["y_train"]
     (wrong / "data.npz").unlink()
     # Someone else's images: three channels.
     np.savez(wrong / "data.npz", x=np.repeat(x, 3, axis=1), y=y)
