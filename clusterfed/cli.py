@@ -259,10 +259,14 @@ def flower() -> None:
 @click.option("--reply-timeout", type=float, default=600.0, show_default=True,
               help="Seconds a step waits for replies before leaving missing clients out.")
 @click.option("--verbose-flower", is_flag=True, help="Stream all of Flower's log lines.")
+@click.option("--isolation", type=click.Choice(["process", "subprocess"]), default="process",
+              show_default=True,
+              help="process: one long-lived ClientApp worker per SuperNode; subprocess: "
+                   "Flower's fresh ClientApp process per message (slower).")
 def flower_local(source: str | None, overrides: tuple[str, ...], clients: int | None,
                  out: str | None, data_dir: str | None, resume_dir: str | None, secure: bool,
                  simulation: bool, client_cpus: int, client_gpus: float, reply_timeout: float,
-                 verbose_flower: bool) -> None:
+                 verbose_flower: bool, isolation: str) -> None:
     """Run PRESET or CONFIG.yaml on a SuperLink and SuperNodes started on 127.0.0.1."""
     try:
         from clusterfed.flower.launch import run_local
@@ -286,11 +290,24 @@ def flower_local(source: str | None, overrides: tuple[str, ...], clients: int | 
                         resume=bool(resume_dir), secure=secure, simulation=simulation,
                         client_cpus=client_cpus, client_gpus=client_gpus,
                         reply_timeout=reply_timeout, echo=click.echo,
-                        verbose=verbose_flower)
+                        verbose=verbose_flower, isolation=isolation)
     c = summary["clustering"]
     click.echo(f"{summary['algorithm']}: mean accuracy {summary['final']['mean_accuracy']:.4f}, "
                f"{c['n_clusters']} clusters, ARI {c['ari']:.3f}, {summary['wall_seconds']:.1f} s")
     click.echo(f"run folder: {folder}")
+
+
+@flower.command("worker", context_settings={"ignore_unknown_options": True,
+                                            "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def flower_worker(args: tuple[str, ...]) -> None:
+    """The long-lived ClientApp of a SuperNode started with --isolation process (--help)."""
+    try:
+        from clusterfed.flower.worker import main as worker_main
+    except ImportError as err:
+        raise ClusterfedError(f"Flower is not installed ({err}): "
+                              f"pip install 'clusterfed[flower]'") from err
+    raise SystemExit(worker_main(list(args)))
 
 
 @main.command()

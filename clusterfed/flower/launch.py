@@ -27,7 +27,8 @@ def run_local(config: Mapping[str, Any], folder: str | Path, *, clients: int | N
               data_dir: str | None = None, resume: bool = False, secure: bool = False,
               simulation: bool = False, client_cpus: int = 1, client_gpus: float = 0.0,
               reply_timeout: float = 600.0, join_timeout: float = 300.0,
-              echo: Callable[[str], None] = print, verbose: bool = False) -> dict[str, Any]:
+              echo: Callable[[str], None] = print, verbose: bool = False,
+              isolation: str = "process") -> dict[str, Any]:
     """Start a SuperLink and the SuperNodes, run the experiment, stop every process.
 
     Returns the run's summary; raises ClusterfedError (with the logs' place) when it failed.
@@ -41,7 +42,7 @@ def run_local(config: Mapping[str, Any], folder: str | Path, *, clients: int | N
     summary_path.unlink(missing_ok=True)
     federation = LocalFederation(n, folder / "flower", secure=secure, simulation=simulation,
                                  data_dir=data_dir, client_cpus=client_cpus,
-                                 client_gpus=client_gpus, echo=echo)
+                                 client_gpus=client_gpus, isolation=isolation, echo=echo)
 
     def show(line: str) -> None:
         if verbose or any(tag in line for tag in _SHOWN):

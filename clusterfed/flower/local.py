@@ -30,6 +30,9 @@ from clusterfed.flower.certs import TlsFiles, make_node_keys, make_tls
 
 CONNECTION = "clusterfed-local"
 HOST = "127.0.0.1"
+# How a SuperNode runs its ClientApp: "process", a long-lived worker beside it (cheap per
+# message); "subprocess", Flower's default, a fresh process per message.
+ISOLATION_MODES = ("process", "subprocess")
 
 
 def free_port() -> int:
@@ -49,6 +52,19 @@ def flower_command(name: str) -> str:
         raise ClusterfedError(f"{name} not found: install Flower with "
                               f"pip install 'clusterfed[flower]'")
     return found
+
+
+def worker_argv(runtime_api_address: str, *, root_certificates: str | None = None,
+                parent_pid: int | None = None) -> list[str]:
+    """The command line of the ClientApp worker of the SuperNode whose Runtime API is at the
+    address (see clusterfed.flower.worker)."""
+    argv = [sys.executable, "-m", "clusterfed.flower.worker",
+            "--runtime-api-address", runtime_api_address]
+    argv += (["--root-certificates", root_certificates] if root_certificates
+             else ["--insecure"])
+    if parent_pid is not None:
+        argv += ["--parent-pid", str(parent_pid)]
+    return argv
 
 
 def _children_of() -> dict[int, list[int]]:
@@ -149,6 +165,9 @@ class LocalFederation:
     (each node's key registered with the SuperLink before the node starts).
     `simulation`: no SuperNodes; the SuperLink runs Flower's simulation runtime (Ray), with
     `num_nodes` virtual nodes and the given per-node resources.
+    `isolation`: "process" (each SuperNode with `--isolation process` and one long-lived
+    ClientApp worker beside it, clusterfed.flower.worker) or "subprocess" (Flower's default: a
+    fresh `flwr-clientapp` process per message).
     """
 
     num_nodes: int
@@ -158,11 +177,17 @@ class LocalFederation:
     data_dir: str | None = None
     client_cpus: int = 1
     client_gpus: float = 0.0
+    isolation: str = "process"
     echo: Callable[[str], None] = print
     port: int = 0
     processes: dict[str, Process] = field(default_factory=dict)
     tls: TlsFiles | None = None
     node_keys: list[tuple[Path, Path]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ISOLATION_MODES:
+            raise ClusterfedError(f"isolation {self.isolation!r}: use one of "
+                                  f"{', '.join(ISOLATION_MODES)}")
 
     # Environment and files -----------------------------------------------------------------
 
@@ -276,12 +301,14 @@ class LocalFederation:
                                       f"{done.stderr}")
             time.sleep(1.0)
 
-    def node_argv(self, k: int) -> list[str]:
+    def node_argv(self, k: int, runtime_port: int | None = None) -> list[str]:
         node_config = f"partition-id={k} num-partitions={self.num_nodes}"
         if self.data_dir:
             node_config += f' data-dir="{self.data_dir}"'
+        port = free_port() if runtime_port is None else runtime_port
         argv = [flower_command("flower-supernode"), "--superlink", f"{HOST}:{self.port}",
-                "--node-config", node_config, "--host", HOST, "--port", str(free_port())]
+                "--node-config", node_config, "--host", HOST, "--port", str(port),
+                "--isolation", self.isolation]
         if self.tls is not None:
             argv += ["--root-certificates", str(self.tls.ca_cert)]
         else:
@@ -291,15 +318,24 @@ class LocalFederation:
         return argv
 
     def start_node(self, k: int) -> Process:
-        """Start (or restart) the SuperNode serving client k."""
+        """Start (or restart) the SuperNode serving client k (and its ClientApp worker)."""
         old = self.processes.get(f"supernode-{k}")
         if old is not None and old.alive():
             raise ClusterfedError(f"supernode-{k} is already running")
-        return self._spawn(f"supernode-{k}", self.node_argv(k))
+        runtime_port = free_port()
+        node = self._spawn(f"supernode-{k}", self.node_argv(k, runtime_port))
+        if self.isolation == "process":
+            # The worker retries until the node's Runtime API is up, and exits with the node.
+            self._spawn(f"clientapp-{k}", worker_argv(f"{HOST}:{runtime_port}",
+                                                      parent_pid=node.popen.pid))
+        return node
 
     def kill_node(self, k: int) -> None:
         """SIGKILL the SuperNode of client k and its ClientApp processes, as a crash would."""
         self.processes[f"supernode-{k}"].kill()
+        worker = self.processes.get(f"clientapp-{k}")
+        if worker is not None and worker.alive():
+            worker.kill()
 
     def submit(self, run_config: Mapping[str, Any], *, timeout: float | None = None,
                on_line: Callable[[str], None] | None = None) -> int:
