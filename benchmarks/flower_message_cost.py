@@ -39,6 +39,7 @@ from clusterfed import config as cfg
 from clusterfed.flower.cost import LOG_ENV
 from clusterfed.flower.launch import run_config_for
 from clusterfed.flower.local import ISOLATION_MODES, LocalFederation, descendants
+from clusterfed.flower.worker import READY
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -84,9 +85,27 @@ def build_cpu(config: dict[str, Any]) -> float:
     return time.process_time() - start
 
 
-def one_run(mode: str, config: dict[str, Any], workdir: Path, clients: int) -> dict[str, Any]:
+def ready(federation: LocalFederation, timeout: float = 300.0) -> None:
+    """Wait until every worker has preloaded the app (its log says so), and 3 s more for the
+    SuperNodes to connect."""
+    deadline = time.monotonic() + timeout
+    logs = [p.log_path for name, p in federation.processes.items()
+            if name.startswith("clientapp-")]
+    while time.monotonic() < deadline and not all(
+            READY in path.read_text(errors="replace") for path in logs if path.exists()):
+        time.sleep(0.5)
+    time.sleep(3.0)
+
+
+def one_run(label: str, config: dict[str, Any], workdir: Path, clients: int) -> dict[str, Any]:
+    """One run of the mode a label names: MODE, or MODE@PATH to run the Flower processes with
+    PYTHONPATH=PATH (another checkout of clusterfed: a before/after in one sitting)."""
+    mode, _, tree = label.partition("@")
     log_path = workdir / "cost.jsonl"
-    os.environ[LOG_ENV] = str(log_path)            # the nodes inherit it
+    saved = dict(os.environ)
+    os.environ[LOG_ENV] = str(log_path)            # the Flower processes inherit both
+    if tree:
+        os.environ["PYTHONPATH"] = tree
     federation = LocalFederation(clients, workdir / "flower", isolation=mode,
                                  echo=lambda line: None)
     rounds: list[float] = []
@@ -98,21 +117,23 @@ def one_run(mode: str, config: dict[str, Any], workdir: Path, clients: int) -> d
     load = [os.getloadavg()[0]]
     try:
         federation.start()
-        time.sleep(3.0)                            # the nodes connect; workers import Flower
+        ready(federation)
         (link0, app0), t0 = node_cpu(federation), time.monotonic()
         code = federation.submit(run_config_for(config, workdir / "run"), timeout=1800,
                                  on_line=on_line)
         (link1, app1), t1 = node_cpu(federation), time.monotonic()
     finally:
         federation.stop()
-        os.environ.pop(LOG_ENV, None)
+        os.environ.clear()
+        os.environ.update(saved)
     load.append(os.getloadavg()[0])
     if code != 0:
-        raise SystemExit(f"{mode}: flwr run failed; logs in {federation.logs}")
+        raise SystemExit(f"{label}: flwr run failed; logs in {federation.logs}")
     records = [json.loads(line) for line in log_path.read_text().splitlines()]
     per_round = [b - a for a, b in zip(rounds, rounds[1:], strict=False)]
     work = [r for r in records if r["group"] != "hello"]
-    return {"mode": mode, "messages": len(records), "supernode_cpu": link1 - link0,
+    return {"mode": label, "messages": len(records), "supernode_cpu": link1 - link0,
+            "idle_cpu": (link0 + app0) / clients,
             "app_cpu": app1 - app0, "node_cpu": link1 - link0 + app1 - app0,
             "run_wall": t1 - t0, "round_wall": per_round,
             "per_node_round": len(work) / (clients * config["train"]["rounds"]),
@@ -150,6 +171,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, float]:
         "round_wall": round_wall,
         "message_wall": round_wall / per_node_round,
         "load": mean([x for run in runs for x in run["load"]]),
+        "idle_cpu": mean([run["idle_cpu"] for run in runs]),
     }
 
 
@@ -170,15 +192,20 @@ def table(summaries: dict[str, dict[str, float]]) -> str:
             ("wall s / round (server)", "round_wall", "{:.2f}"),
             ("wall s / message (round / messages per node per round)", "message_wall",
              "{:.2f}"),
+            ("node CPU s before the run, per node (process starts)", "idle_cpu", "{:.2f}"),
             ("load average (1 min, around the runs)", "load", "{:.2f}")]
     modes = list(summaries)
     width = max(len(label) for label, _, _ in rows)
-    lines = [f"{'':<{width}}  " + "  ".join(f"{m:>10}" for m in modes)]
+    def header(label: str) -> str:
+        mode, _, tree = label.partition("@")
+        return f"{mode}@{Path(tree).name}" if tree else mode
+
+    lines = [f"{'':<{width}}  " + "  ".join(f"{header(m):>14}" for m in modes)]
     for label, key, fmt in rows:
         cells = []
         for m in modes:
             value = summaries[m][key]
-            cells.append(f"{'-' if value != value else fmt.format(value):>10}")
+            cells.append(f"{'-' if value != value else fmt.format(value):>14}")
         lines.append(f"{label:<{width}}  " + "  ".join(cells))
     return "\n".join(lines)
 
@@ -187,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the preset")
     parser.add_argument("--modes", default="subprocess,process",
-                        help=f"isolation modes, comma-separated ({', '.join(ISOLATION_MODES)})")
+                        help=f"isolation modes, comma-separated ({', '.join(ISOLATION_MODES)}); "
+                             f"MODE@PATH runs the Flower processes with PYTHONPATH=PATH")
     parser.add_argument("--repeats", type=int, default=2, help="runs per mode, interleaved")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=4)
@@ -211,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for r in range(args.repeats):
             for mode in (modes if r % 2 == 0 else modes[::-1]):
-                run = one_run(mode, config, root / f"{mode}-{r}", args.clients)
+                run = one_run(mode, config, root / f"{mode.split('@')[0]}-{r}-"
+                              f"{modes.index(mode)}", args.clients)
                 runs[mode].append(run)
                 print(f"  {mode:<10} run {r}: {run['messages']} messages, "
                       f"node CPU {run['node_cpu']:.1f} s, wall {run['run_wall']:.1f} s, "

@@ -68,6 +68,22 @@ def test_the_worker_command_names_its_supernodes_runtime_api_and_parent():
         "127.0.0.1:9200", True, 42)
 
 
+def test_with_secure_the_workers_sign_their_claims_with_a_secret_of_the_run(tmp_path):
+    fed = federation(tmp_path, secure=True)
+    fed.node_keys = [(tmp_path / f"supernode-{k}", tmp_path / f"supernode-{k}.pub")
+                     for k in range(3)]
+    secret = Path(option(fed.node_argv(2), "--superexec-auth-secret-file"))
+    assert secret == fed.superexec_secret and len(secret.read_bytes()) == 32
+    assert secret.stat().st_mode & 0o077 == 0        # the run's owner only
+    argv = worker_argv("127.0.0.1:9200", secret_file=secret)
+    assert option(argv, "--superexec-auth-secret-file") == str(secret)
+    assert worker.parser().parse_args(argv[3:]).superexec_auth_secret_file == str(secret)
+    # Flower's own per-message processes get no secret (the SuperNode ignores it there).
+    plain = federation(tmp_path / "sub", secure=True, isolation="subprocess")
+    plain.node_keys = fed.node_keys
+    assert "--superexec-auth-secret-file" not in plain.node_argv(0)
+
+
 def test_the_cli_offers_both_modes_and_the_worker(capsys):
     code, out, _ = cli(capsys, "flower", "local", "--help")
     assert code == 0 and "--isolation [process|subprocess]" in out

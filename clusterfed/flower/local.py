@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import queue
+import secrets
 import shutil
 import signal
 import socket
@@ -55,7 +56,7 @@ def flower_command(name: str) -> str:
 
 
 def worker_argv(runtime_api_address: str, *, root_certificates: str | None = None,
-                parent_pid: int | None = None) -> list[str]:
+                parent_pid: int | None = None, secret_file: Path | None = None) -> list[str]:
     """The command line of the ClientApp worker of the SuperNode whose Runtime API is at the
     address (see clusterfed.flower.worker)."""
     argv = [sys.executable, "-m", "clusterfed.flower.worker",
@@ -64,6 +65,8 @@ def worker_argv(runtime_api_address: str, *, root_certificates: str | None = Non
              else ["--insecure"])
     if parent_pid is not None:
         argv += ["--parent-pid", str(parent_pid)]
+    if secret_file is not None:
+        argv += ["--superexec-auth-secret-file", str(secret_file)]
     return argv
 
 
@@ -301,6 +304,19 @@ class LocalFederation:
                                       f"{done.stderr}")
             time.sleep(1.0)
 
+    @property
+    def superexec_secret(self) -> Path | None:
+        """With `secure` and workers: the secret a worker signs its task claims with, so no
+        other local process can claim a node's tasks on its Runtime API."""
+        if not (self.secure and self.isolation == "process"):
+            return None
+        path = self.workdir / "keys" / "superexec-secret"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch(mode=0o600)
+            path.write_bytes(secrets.token_bytes(32))
+        return path
+
     def node_argv(self, k: int, runtime_port: int | None = None) -> list[str]:
         node_config = f"partition-id={k} num-partitions={self.num_nodes}"
         if self.data_dir:
@@ -315,6 +331,8 @@ class LocalFederation:
             argv += ["--insecure"]
         if self.secure:
             argv += ["--auth-supernode-private-key", str(self.node_keys[k][0])]
+        if self.superexec_secret is not None:
+            argv += ["--superexec-auth-secret-file", str(self.superexec_secret)]
         return argv
 
     def start_node(self, k: int) -> Process:
@@ -327,7 +345,8 @@ class LocalFederation:
         if self.isolation == "process":
             # The worker retries until the node's Runtime API is up, and exits with the node.
             self._spawn(f"clientapp-{k}", worker_argv(f"{HOST}:{runtime_port}",
-                                                      parent_pid=node.popen.pid))
+                                                      parent_pid=node.popen.pid,
+                                                      secret_file=self.superexec_secret))
         return node
 
     def kill_node(self, k: int) -> None:

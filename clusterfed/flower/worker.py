@@ -20,6 +20,7 @@ it is restarted), and runtime dependency installation.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import signal
 import sys
@@ -40,10 +41,12 @@ from flwr.proto.runtime_pb2 import (  # pylint: disable=E0611
     SendTaskHeartbeatRequest,
 )
 from flwr.supercore.app_utils import start_parent_process_monitor
+from flwr.supercore.auth import add_superexec_auth_secret_args, load_superexec_auth_secret
 from flwr.supercore.constant import TaskType
 from flwr.supercore.interceptors import (
     RuntimeTokenHttpInterceptor,
     RuntimeVersionHttpInterceptor,
+    SuperExecAuthHttpInterceptor,
 )
 from flwr.supercore.retry import RetryInvoker, exponential
 from flwr.supercore.runtime import RuntimeHttpClient
@@ -60,13 +63,19 @@ log = logging.getLogger("clusterfed.flower.worker")
 POLL_MIN, POLL_MAX = 0.05, 1.0
 # The SuperNode expires a claimed task after 60 s without a heartbeat (Flower 1.41).
 HEARTBEAT_SECONDS = 20.0
+PRELOAD = "clusterfed.flower.client_app"
+ACQUIRE_TASK = "/flwr.proto.Runtime/AcquireTask"
+READY = "serving the ClientApp tasks of the SuperNode at"   # logged once ready
 
 
 def _client(address: str, insecure: bool, root_certificates: str | None,
-            token: str | None = None) -> RuntimeHttpClient:
+            token: str | None = None, secret: bytes | None = None) -> RuntimeHttpClient:
     interceptors: list[Any] = [RuntimeVersionHttpInterceptor(component_name="flwr-clientapp")]
     if token is not None:
         interceptors.append(RuntimeTokenHttpInterceptor(token))
+    if secret is not None:   # the SuperNode's --superexec-auth-secret-file: signed claims
+        interceptors.append(SuperExecAuthHttpInterceptor(
+            master_secret=secret, protected_methods={ACQUIRE_TASK}))
     # Retry only lost connections, a few times: Flower's default invoker SIGINTs its process
     # on an expired token (401), which here would end the worker, not one task.
     retry = RetryInvoker(lambda: exponential(max_delay=2.0), httpx.TransportError,
@@ -106,12 +115,12 @@ class Worker:
     """Claims and runs the ClientApp tasks of one SuperNode, one at a time, in this process."""
 
     def __init__(self, address: str, *, insecure: bool = True,
-                 root_certificates: str | None = None) -> None:
+                 root_certificates: str | None = None, secret: bytes | None = None) -> None:
         self.address, self.insecure = address, insecure
         self.root_certificates = root_certificates
         self.tasks = 0
         self._apps: dict[str, ClientApp] = {}   # FAB hash -> its loaded ClientApp
-        self._claims = _client(address, insecure, root_certificates)
+        self._claims = _client(address, insecure, root_certificates, secret=secret)
 
     def claim(self) -> str | None:
         """The token of a pending ClientApp task of this node, if there is one."""
@@ -192,7 +201,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--root-certificates", help="CA of the Runtime API's TLS certificate.")
     p.add_argument("--parent-pid", type=int,
                    help="Exit when this process (the SuperNode) exits.")
+    p.add_argument("--preload", default=PRELOAD, metavar="MODULE",
+                   help="Import this module before the first task, so a (re)started node "
+                        "answers its first message without waiting for torch's import "
+                        f"(default {PRELOAD}; '' for none).")
+    add_superexec_auth_secret_args(p)   # the same secret file as the SuperNode's
     return p
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    """SIGTERM unwinds like Ctrl-C, so a task in progress still reports its end; a second
+    one (a process group and its members are signalled alike) must not cut the unwinding."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,13 +222,18 @@ def main(argv: list[str] | None = None) -> int:
         parser().error("give --insecure or --root-certificates")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)   # a line per poll otherwise
-    # SIGTERM unwinds like Ctrl-C, so a task in progress still reports its end.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    signal.signal(signal.SIGTERM, _terminate)
     if args.parent_pid is not None:
         start_parent_process_monitor(args.parent_pid)
+    if args.preload:
+        importlib.import_module(args.preload)
+    try:
+        secret = load_superexec_auth_secret(args.superexec_auth_secret_file)
+    except ValueError as err:
+        parser().error(str(err))
     worker = Worker(args.runtime_api_address, insecure=args.insecure,
-                    root_certificates=args.root_certificates)
-    log.info("serving the ClientApp tasks of the SuperNode at %s", args.runtime_api_address)
+                    root_certificates=args.root_certificates, secret=secret)
+    log.info("%s %s", READY, args.runtime_api_address)
     try:
         worker.serve()
     except KeyboardInterrupt:
