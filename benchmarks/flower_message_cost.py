@@ -20,6 +20,10 @@ Building the federation is also timed alone, in this process, for the split star
 
     OMP_NUM_THREADS=1 python benchmarks/flower_message_cost.py [--modes subprocess,process]
         [--repeats 2] [--clients 4] [--rounds 4] [--preset quickstart] [key=value ...]
+    python benchmarks/flower_message_cost.py --idle 60     # what idle nodes cost (polling)
+
+A mode may be MODE@PATH: its Flower processes run with PYTHONPATH=PATH, another checkout (the
+code before a change), so before and after run interleaved too.
 """
 
 from __future__ import annotations
@@ -140,6 +144,28 @@ def one_run(label: str, config: dict[str, Any], workdir: Path, clients: int) -> 
             "records": records, "load": load}
 
 
+def idle(label: str, clients: int, workdir: Path, seconds: float) -> tuple[float, float]:
+    """CPU seconds per minute of one idle node: its SuperNode, and its SuperExec or worker."""
+    mode, _, tree = label.partition("@")
+    saved = dict(os.environ)
+    if tree:
+        os.environ["PYTHONPATH"] = tree
+    federation = LocalFederation(clients, workdir / "flower", isolation=mode,
+                                 echo=lambda line: None)
+    try:
+        federation.start()
+        ready(federation)
+        (link0, app0), t0 = node_cpu(federation), time.monotonic()
+        time.sleep(seconds)
+        (link1, app1), t1 = node_cpu(federation), time.monotonic()
+    finally:
+        federation.stop()
+        os.environ.clear()
+        os.environ.update(saved)
+    scale = 60.0 / (t1 - t0) / clients
+    return (link1 - link0) * scale, (app1 - app0) * scale
+
+
 def mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
@@ -221,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--preset", default="quickstart")
     parser.add_argument("--keep", help="keep the run folders here (default: a temporary one)")
+    parser.add_argument("--idle", type=float, metavar="SECONDS",
+                        help="instead: the CPU idle nodes use (their polling), over SECONDS")
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     config = experiment(args.preset, args.clients, args.rounds, args.overrides)
@@ -232,6 +260,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
     print(f"{args.preset}, {args.clients} SuperNodes, {args.rounds} rounds x (train + evaluate), "
           f"1 local epoch, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
+    if args.idle:
+        with tempfile.TemporaryDirectory(prefix="flower-idle-") as tmp:
+            for i, mode in enumerate(modes):
+                link, app = idle(mode, args.clients, Path(tmp) / str(i), args.idle)
+                print(f"{mode}: idle CPU s per minute per node: SuperNode {link:.2f}, "
+                      f"SuperExec or worker {app:.2f} (load {os.getloadavg()[0]:.2f})")
+        return 0
     data_cpu = build_cpu(config)
     print(f"building one node's federation in-process: {data_cpu:.3f} CPU s")
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="flower-msg-cost-"))
