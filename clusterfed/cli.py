@@ -352,10 +352,15 @@ def flower() -> None:
 @click.option("--secret-file", help="The clients' privacy secret (clusterfed secret new), "
               "given to every SuperNode, never to the server; with run.privacy.")
 @click.option("--verbose-flower", is_flag=True, help="Stream all of Flower's log lines.")
+@click.option("--isolation", type=click.Choice(["process", "subprocess"]), default="process",
+              show_default=True,
+              help="process: one long-lived ClientApp worker per SuperNode; subprocess: "
+                   "Flower's fresh ClientApp process per message (slower).")
 def flower_local(source: str | None, overrides: tuple[str, ...], clients: int | None,
                  out: str | None, data_dir: str | None, resume_dir: str | None, secure: bool,
                  simulation: bool, client_cpus: int, client_gpus: float, reply_timeout: float,
-                 own_data: str | None, secret_file: str | None, verbose_flower: bool) -> None:
+                 own_data: str | None, secret_file: str | None, verbose_flower: bool,
+                 isolation: str) -> None:
     """Run PRESET or CONFIG.yaml on a SuperLink and SuperNodes started on 127.0.0.1."""
     try:
         from clusterfed.flower.launch import run_local
@@ -379,9 +384,23 @@ def flower_local(source: str | None, overrides: tuple[str, ...], clients: int | 
                         resume=bool(resume_dir), secure=secure, simulation=simulation,
                         client_cpus=client_cpus, client_gpus=client_gpus,
                         reply_timeout=reply_timeout, own_data=own_data,
-                        secret_file=secret_file, echo=click.echo, verbose=verbose_flower)
+                        secret_file=secret_file, echo=click.echo, verbose=verbose_flower,
+                        isolation=isolation)
     click.echo(result_line(summary))
     click.echo(f"run folder: {folder}")
+
+
+@flower.command("worker", context_settings={"ignore_unknown_options": True,
+                                            "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def flower_worker(args: tuple[str, ...]) -> None:
+    """The long-lived ClientApp of a SuperNode started with --isolation process (--help)."""
+    try:
+        from clusterfed.flower.worker import main as worker_main
+    except ImportError as err:
+        raise ClusterfedError(f"Flower is not installed ({err}): "
+                              f"pip install 'clusterfed[flower]'") from err
+    raise SystemExit(worker_main(list(args)))
 
 
 @main.command()

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
-from sklearn.cluster import DBSCAN
-from sklearn.metrics import silhouette_score
 
 MEDOID_METHODS = ("pam", "alternate")
 MEDOID_INITS = ("build", "heuristic", "random")
@@ -186,6 +184,9 @@ def dbscan(d: np.ndarray, *, eps: float | None = None, min_samples: int = 5,
     d = check_distance(d)
     if noise not in NOISE_RULES:
         raise ValueError(f"noise must be one of {NOISE_RULES}, got {noise!r}")
+    # Imported here: a Flower node imports this module and never clusters.
+    from sklearn.cluster import DBSCAN
+
     eps = fence_eps(d, min_samples) if eps is None else float(eps)
     fit = DBSCAN(eps=eps, min_samples=min_samples, metric="precomputed").fit(d)
     labels = fit.labels_.copy()
@@ -208,6 +209,8 @@ def silhouette(d: np.ndarray, labels: np.ndarray) -> float:
     k = len(np.unique(labels))
     if not 2 <= k <= len(labels) - 1:
         return -1.0
+    from sklearn.metrics import silhouette_score
+
     return float(silhouette_score(check_distance(d), labels, metric="precomputed"))
 
 

@@ -13,9 +13,10 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from clusterfed.flower import wire
+from clusterfed.flower.cost import message_cost
 from clusterfed.flower.node import hello_facts, node_for
 
-app = ClientApp()
+app = ClientApp(mods=[message_cost])   # logs each message's cost when asked (flower/cost.py)
 
 
 @app.query("hello")

@@ -49,7 +49,8 @@ def run_local(config: Mapping[str, Any], folder: str | Path, *, clients: int | N
               simulation: bool = False, client_cpus: int = 1, client_gpus: float = 0.0,
               reply_timeout: float = 600.0, join_timeout: float = 300.0,
               own_data: str | Path | None = None, secret_file: str | Path | None = None,
-              echo: Callable[[str], None] = print, verbose: bool = False) -> dict[str, Any]:
+              echo: Callable[[str], None] = print, verbose: bool = False,
+              isolation: str = "process") -> dict[str, Any]:
     """Start a SuperLink and the SuperNodes, run the experiment, stop every process.
 
     `own_data`: a folder of client-K folders; node K serves client-K (no scenario).
@@ -77,7 +78,7 @@ def run_local(config: Mapping[str, Any], folder: str | Path, *, clients: int | N
                                  data_dir=data_dir, client_cpus=client_cpus,
                                  client_gpus=client_gpus, own_data=sites,
                                  secret_file=Path(secret_file).resolve() if secret_file else None,
-                                 echo=echo)
+                                 isolation=isolation, echo=echo)
 
     def show(line: str) -> None:
         if verbose or any(tag in line for tag in _SHOWN):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import queue
+import secrets
 import shutil
 import signal
 import socket
@@ -30,6 +31,9 @@ from clusterfed.flower.certs import TlsFiles, make_node_keys, make_tls
 
 CONNECTION = "clusterfed-local"
 HOST = "127.0.0.1"
+# How a SuperNode runs its ClientApp: "process", a long-lived worker beside it (cheap per
+# message); "subprocess", Flower's default, a fresh process per message.
+ISOLATION_MODES = ("process", "subprocess")
 
 
 def free_port() -> int:
@@ -49,6 +53,21 @@ def flower_command(name: str) -> str:
         raise ClusterfedError(f"{name} not found: install Flower with "
                               f"pip install 'clusterfed[flower]'")
     return found
+
+
+def worker_argv(runtime_api_address: str, *, root_certificates: str | None = None,
+                parent_pid: int | None = None, secret_file: Path | None = None) -> list[str]:
+    """The command line of the ClientApp worker of the SuperNode whose Runtime API is at the
+    address (see clusterfed.flower.worker)."""
+    argv = [sys.executable, "-m", "clusterfed.flower.worker",
+            "--runtime-api-address", runtime_api_address]
+    argv += (["--root-certificates", root_certificates] if root_certificates
+             else ["--insecure"])
+    if parent_pid is not None:
+        argv += ["--parent-pid", str(parent_pid)]
+    if secret_file is not None:
+        argv += ["--superexec-auth-secret-file", str(secret_file)]
+    return argv
 
 
 def _children_of() -> dict[int, list[int]]:
@@ -151,6 +170,9 @@ class LocalFederation:
     `num_nodes` virtual nodes and the given per-node resources.
     `own_data`: node K serves the data in `own_data[K]` (`data-path`), not a scenario's share.
     `secret_file`: every node's privacy secret (`privacy-secret-file`), never the server's.
+    `isolation`: "process" (each SuperNode with `--isolation process` and one long-lived
+    ClientApp worker beside it, clusterfed.flower.worker) or "subprocess" (Flower's default: a
+    fresh `flwr-clientapp` process per message).
     """
 
     num_nodes: int
@@ -162,11 +184,17 @@ class LocalFederation:
     client_gpus: float = 0.0
     own_data: Sequence[Path] | None = None
     secret_file: Path | None = None
+    isolation: str = "process"
     echo: Callable[[str], None] = print
     port: int = 0
     processes: dict[str, Process] = field(default_factory=dict)
     tls: TlsFiles | None = None
     node_keys: list[tuple[Path, Path]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ISOLATION_MODES:
+            raise ClusterfedError(f"isolation {self.isolation!r}: use one of "
+                                  f"{', '.join(ISOLATION_MODES)}")
 
     # Environment and files -----------------------------------------------------------------
 
@@ -280,7 +308,20 @@ class LocalFederation:
                                       f"{done.stderr}")
             time.sleep(1.0)
 
-    def node_argv(self, k: int) -> list[str]:
+    @property
+    def superexec_secret(self) -> Path | None:
+        """With `secure` and workers: the secret a worker signs its task claims with, so no
+        other local process can claim a node's tasks on its Runtime API."""
+        if not (self.secure and self.isolation == "process"):
+            return None
+        path = self.workdir / "keys" / "superexec-secret"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch(mode=0o600)
+            path.write_bytes(secrets.token_bytes(32))
+        return path
+
+    def node_argv(self, k: int, runtime_port: int | None = None) -> list[str]:
         node_config = f"partition-id={k} num-partitions={self.num_nodes}"
         if self.data_dir:
             node_config += f' data-dir="{self.data_dir}"'
@@ -288,26 +329,40 @@ class LocalFederation:
             node_config += f' data-path="{self.own_data[k]}"'
         if self.secret_file:
             node_config += f' privacy-secret-file="{self.secret_file}"'
+        port = free_port() if runtime_port is None else runtime_port
         argv = [flower_command("flower-supernode"), "--superlink", f"{HOST}:{self.port}",
-                "--node-config", node_config, "--host", HOST, "--port", str(free_port())]
+                "--node-config", node_config, "--host", HOST, "--port", str(port),
+                "--isolation", self.isolation]
         if self.tls is not None:
             argv += ["--root-certificates", str(self.tls.ca_cert)]
         else:
             argv += ["--insecure"]
         if self.secure:
             argv += ["--auth-supernode-private-key", str(self.node_keys[k][0])]
+        if self.superexec_secret is not None:
+            argv += ["--superexec-auth-secret-file", str(self.superexec_secret)]
         return argv
 
     def start_node(self, k: int) -> Process:
-        """Start (or restart) the SuperNode serving client k."""
+        """Start (or restart) the SuperNode serving client k (and its ClientApp worker)."""
         old = self.processes.get(f"supernode-{k}")
         if old is not None and old.alive():
             raise ClusterfedError(f"supernode-{k} is already running")
-        return self._spawn(f"supernode-{k}", self.node_argv(k))
+        runtime_port = free_port()
+        node = self._spawn(f"supernode-{k}", self.node_argv(k, runtime_port))
+        if self.isolation == "process":
+            # The worker retries until the node's Runtime API is up, and exits with the node.
+            self._spawn(f"clientapp-{k}", worker_argv(f"{HOST}:{runtime_port}",
+                                                      parent_pid=node.popen.pid,
+                                                      secret_file=self.superexec_secret))
+        return node
 
     def kill_node(self, k: int) -> None:
         """SIGKILL the SuperNode of client k and its ClientApp processes, as a crash would."""
         self.processes[f"supernode-{k}"].kill()
+        worker = self.processes.get(f"clientapp-{k}")
+        if worker is not None and worker.alive():
+            worker.kill()
 
     def submit(self, run_config: Mapping[str, Any], *, timeout: float | None = None,
                on_line: Callable[[str], None] | None = None) -> int:
