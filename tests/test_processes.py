@@ -240,6 +240,17 @@ def test_no_worker_outlives_ctrl_c(federation, tmp_path):
     assert gone(sim.executor.started_pids)
 
 
+def test_an_interrupted_call_stops_its_workers(federation, tmp_path):
+    module = InterruptsParent(federation.input_shape, federation.n_classes, os.getpid(),
+                              str(tmp_path / "interrupted"))
+    proc = ProcessExecutor(FlatModel(module), federation, SEED, workers=2)
+    w = FlatModel(module).initial_vector().numpy()
+    tasks = [ClientTask(c, TaskKind.TRAIN, w, TrainSpec(lr=0.1, batch_size=8)) for c in range(4)]
+    with pytest.raises(KeyboardInterrupt):
+        proc.run(tasks, 0)
+    assert gone(proc.started_pids)    # without a Simulation around it to close it
+
+
 def test_auto_picks_processes_for_rounds_of_several_clients_on_several_cores():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     busy = Workload(clients_per_round=10, samples_per_round=6000, cores=2, obstacle=None)
