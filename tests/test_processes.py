@@ -4,10 +4,12 @@ threaded), errors raised in the parent, and no worker process left behind."""
 from __future__ import annotations
 
 import copy
+import gc
 import multiprocessing as mp
 import os
 import signal
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +27,7 @@ from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel, build_model
 from clusterfed.sim.choice import Workload, auto_kind
 from clusterfed.sim.executor import SequentialExecutor
-from clusterfed.sim.processes import ProcessExecutor, WorkerError, balance
+from clusterfed.sim.processes import ProcessExecutor, WorkerError, balance, start_obstacle
 from clusterfed.sim.shared import Mailbox, flatten, unflatten
 from clusterfed.sim.simulation import Simulation, initial_params
 
@@ -155,6 +157,15 @@ def test_a_dead_worker_raises_and_no_worker_is_left(federation, module):
     assert gone(proc.started_pids)
 
 
+def test_an_executor_dropped_unclosed_stops_its_workers(federation, module):
+    proc = ProcessExecutor(FlatModel(copy.deepcopy(module)), federation, SEED, workers=2)
+    proc.run(mixed_tasks(proc.local.model.size)[:2], 0)
+    pids = proc.started_pids
+    del proc
+    gc.collect()
+    assert gone(pids)
+
+
 def test_balance_splits_by_cost_and_keeps_task_order():
     shares = balance([5.0, 1.0, 1.0, 4.0, 1.0, 2.0], 2)
     assert sorted(i for s in shares for i in s) == list(range(6))
@@ -270,3 +281,19 @@ def test_a_module_with_running_statistics_stays_in_this_process(federation, capl
     w = FlatModel(module).initial_vector().numpy()
     proc.run([ClientTask(0, TaskKind.TRAIN, w, TrainSpec(lr=0.1, batch_size=8))], 0)
     assert proc.started_pids == []
+
+
+def test_workers_never_start_where_they_could_not(monkeypatch, tmp_path):
+    assert start_obstacle(nn.Linear(2, 2)) is None
+    odd = nn.Linear(2, 2)
+    odd.hook = lambda x: x                   # pickles by reference: cannot
+    assert "does not pickle" in start_obstacle(odd)
+    script = tmp_path / "unguarded.py"
+    script.write_text("run_config('quickstart')\n")
+    main = types.ModuleType("__main__")
+    main.__file__, main.__spec__ = str(script), None
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert "guard" in start_obstacle(nn.Linear(2, 2))   # every worker would run it again
+    script.write_text("if __name__ == '__main__':\n    run_config('quickstart')\n")
+    assert start_obstacle(nn.Linear(2, 2)) is None
+

@@ -37,14 +37,17 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
+import re
 import signal
 import sys
 import traceback
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -89,12 +92,45 @@ def usable_cores() -> int:
 
 
 def process_obstacle(module: nn.Module) -> str | None:
-    """Why tasks on `module` would depend on the process that runs them, or None."""
+    """Why tasks on `module` cannot run in worker processes, or None: results that would depend
+    on the process (state, global random numbers), or workers that could not start."""
     for name, m in module.named_modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
             return f"layer {name or 'model'} keeps running statistics ({type(m).__name__})"
         if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
             return f"layer {name or 'model'} is dropout (the process's global generator)"
+    return start_obstacle(module)
+
+
+# `if __name__ == "__main__":`, the guard that keeps a script's run out of its workers.
+_MAIN_GUARD = re.compile(r"""__name__\s*==\s*["']__main__["']""")
+
+
+def start_obstacle(module: nn.Module) -> str | None:
+    """Why workers could not start on `module`, or None.
+
+    A worker unpickles the module, importing its classes' modules; as under spawn, it imports
+    the main script too (as `__mp_main__`), so a script whose run is not guarded by
+    `if __name__ == "__main__":` would run again in every worker; a class defined in an
+    interactive session (no script to import) cannot be found there at all.
+    """
+    main = sys.modules.get("__main__")
+    as_module = getattr(main, "__spec__", None) is not None     # python -m ...: importable
+    script = None if as_module else getattr(main, "__file__", None)
+    if not as_module and script is None:
+        if any(type(m).__module__ == "__main__" for m in module.modules()):
+            return "the model's class is defined in an interactive session"
+    elif script is not None:
+        try:
+            guarded = _MAIN_GUARD.search(Path(script).read_text(errors="replace"))
+        except OSError:
+            guarded = None
+        if not guarded:
+            return f"the main script {script} has no `if __name__ == \"__main__\":` guard"
+    try:
+        pickle.dumps(module)
+    except Exception as err:   # a lambda or a local class in the model
+        return f"the model does not pickle ({type(err).__name__}: {err})"
     return None
 
 
@@ -376,6 +412,8 @@ class ProcessExecutor:
         if self.obstacle:
             log.warning("process executor: %s; running tasks in this process", self.obstacle)
         self._pool: _Pool | None = None
+        # Stops the pool if this executor is dropped or the interpreter exits unclosed.
+        self._finalizer: weakref.finalize | None = None
         self.started_pids: list[int] = []   # every worker ever started (tests check them)
 
     def __enter__(self) -> ProcessExecutor:
@@ -418,6 +456,7 @@ class ProcessExecutor:
             except BaseException:
                 self.close()
                 raise
+            self._finalizer = weakref.finalize(self, self._pool.close)
         try:
             return self._pool.run(tasks, self._costs(tasks), round_index, step)
         except WorkerError:
@@ -440,6 +479,7 @@ class ProcessExecutor:
 
     def close(self) -> None:
         """Stop the workers and free the shared memory; a later `run` starts new ones."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.close()
+        self._pool = None
+        if self._finalizer is not None:
+            self._finalizer()   # the pool's close, once
+            self._finalizer = None
