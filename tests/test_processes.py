@@ -161,9 +161,12 @@ def test_an_executor_dropped_unclosed_stops_its_workers(federation, module):
     proc = ProcessExecutor(FlatModel(copy.deepcopy(module)), federation, SEED, workers=2)
     proc.run(mixed_tasks(proc.local.model.size)[:2], 0)
     pids = proc.started_pids
+    blocks = [box.block.name for box in (proc._pool.tasks, *proc._pool.results)]
+    assert all(Path("/dev/shm", name).exists() for name in blocks)
     del proc
     gc.collect()
-    assert gone(pids)
+    assert gone(pids)       # their pipes closed: they left on their own
+    assert not any(Path("/dev/shm", name).exists() for name in blocks)   # and were freed
 
 
 def test_balance_splits_by_cost_and_keeps_task_order():
