@@ -330,16 +330,17 @@ class _Pool:
         records, arrays = flatten(tasks)
         layout = self.tasks.write([np.ascontiguousarray(a) for a in arrays])
         shares = balance(costs, len(self.processes))
+        busy = [w for w, share in enumerate(shares) if share]
+        # Every block exists before the first worker starts (and may interrupt us).
+        blocks = {w: self.results[w].reserve(sum(result_bytes(tasks[i]) for i in shares[w]))
+                  for w in busy}
         self.idle = False
-        busy = []
-        for w, share in enumerate(shares):
-            if share:
-                block = self.results[w].reserve(sum(result_bytes(tasks[i]) for i in share))
-                try:
-                    self.conns[w].send(("run", self.calls, round_index, step, layout,
-                                        [records[i] for i in share], block.name))
-                except OSError:
-                    raise self._died(w) from None
+        for w in busy:
+            try:
+                self.conns[w].send(("run", self.calls, round_index, step, layout,
+                                    [records[i] for i in shares[w]], blocks[w].name))
+            except OSError:
+                raise self._died(w) from None
                 busy.append(w)
         out: list[ClientResult | None] = [None] * len(tasks)
         failures = []

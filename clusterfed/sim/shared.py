@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Sequence
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 from typing import Any
@@ -51,6 +54,22 @@ def nbytes_of(arrays: Sequence[np.ndarray]) -> int:
     return sum(_aligned(a.nbytes) for a in arrays)
 
 
+@contextmanager
+def held_interrupts() -> Iterator[None]:
+    """SIGINT waits until the block ends (then raises as usual). Between creating a segment
+    and registering it, or storing it where `unlink` finds it, Ctrl-C would leak the segment
+    until reboot: no one would know its name."""
+    if threading.current_thread() is not threading.main_thread() \
+            or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 class Block:
     """One shared-memory segment, created here (the owner) or attached by name."""
 
@@ -61,7 +80,8 @@ class Block:
 
     @classmethod
     def create(cls, nbytes: int) -> Block:
-        return cls(shared_memory.SharedMemory(create=True, size=max(nbytes, ALIGN)), True)
+        with held_interrupts():
+            return cls(shared_memory.SharedMemory(create=True, size=max(nbytes, ALIGN)), True)
 
     @classmethod
     def attach(cls, name: str) -> Block:
@@ -124,10 +144,12 @@ class Mailbox:
 
     def reserve(self, nbytes: int) -> Block:
         if self.block is None or self.block.capacity < nbytes:
-            if self.block is not None:
-                self.block.unlink()
-            # Room to grow, so a slightly larger call does not replace the block again.
-            self.block = Block.create(nbytes + nbytes // 4)
+            with held_interrupts():   # the new block is ours before Ctrl-C can strike
+                if self.block is not None:
+                    self.block.unlink()
+                    self.block = None
+                # Room to grow, so a slightly larger call does not replace the block again.
+                self.block = Block.create(nbytes + nbytes // 4)
         return self.block
 
     def write(self, arrays: Sequence[np.ndarray]) -> Layout:
