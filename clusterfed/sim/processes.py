@@ -237,7 +237,12 @@ def worker_main(conn: Connection, setup: WorkerSetup) -> None:
                 break
             if message[0] == "stop":
                 break
-            conn.send(_serve(executor, tasks, results, *message[1:]))
+            try:
+                reply = _serve(executor, tasks, results, *message[1:])
+            except Exception:   # outside any one task: reading the call, writing results
+                reply = ("failed", message[1], "the worker could not serve the call",
+                         traceback.format_exc())
+            conn.send(reply)
     finally:
         # The views into the blocks go first, so that the blocks can be unmapped.
         del executor, federation
@@ -341,7 +346,6 @@ class _Pool:
                                     [records[i] for i in shares[w]], blocks[w].name))
             except OSError:
                 raise self._died(w) from None
-                busy.append(w)
         out: list[ClientResult | None] = [None] * len(tasks)
         failures = []
         # Every busy worker answers before anything is raised, so the pool stays in step.
@@ -354,11 +358,14 @@ class _Pool:
                     continue
                 pending.discard(w)
                 reply = self._reply(w)   # a worker that died raises here
+                if reply[1] != self.calls:
+                    raise WorkerError(f"worker {w} answered call {reply[1]} in call {self.calls}")
                 if reply[0] == "failed":
                     failures.append(f"{reply[2]}\n--- in worker {w} ---\n{reply[3]}")
                     continue
                 _, _, results, result_layout, inline = reply
-                copies = ([a.copy() for a in self.results[w].reserve(0).read(result_layout)]
+                # Copies: the block is written again by the next call.
+                copies = ([a.copy() for a in blocks[w].read(result_layout)]
                           if result_layout is not None else inline)
                 for i, result in zip(shares[w], unflatten(results, copies), strict=True):
                     out[i] = result
