@@ -8,7 +8,9 @@ Executors: `sequential` with 1 and with 2 threads, `vectorised` (2 threads) and 
 - cfl-b128: the CFL reference workload, preset `cfl-mnist-labelswap-small` (MNIST label swap,
   20 clients in 4 clusters, `cfl_convnet`) at 400 images a client, batch 128, 1 local epoch,
   every client every round, evaluation after every round (timed with the round);
-- cfl-b10: the same at batch 10 (small batch, small model).
+- cfl-b10: the same at batch 10 (small batch, small model);
+- digits-b16: the tests' tiny run (8x8 digits, 8 clients, 4 a round of about 180 images, batch
+  16, evaluation after every round), where a round is too short for workers to pay.
 
 Each run goes through the simulator's round loop (`Simulation`): 1 warm-up round (for
 `processes` it includes starting the workers; printed as `first s`) and then `--rounds` timed
@@ -69,8 +71,17 @@ def cfl(batch: int) -> dict[str, Any]:
                               "eval": {"every": 1}})
 
 
+def tiny() -> dict[str, Any]:
+    """The tests' tiny run (tests/helpers.py): 8x8 digits, 8 clients, 4 a round, batch 16."""
+    return {"seed": SEED, "data": {"dataset": "digits"},
+            "scenario": {"kind": "label_swap", "clients": 8, "clusters": 4},
+            "model": {"name": "digits_cnn"},
+            "train": {"participation": 0.5, "local_epochs": 1, "batch_size": 16, "lr": 0.1},
+            "algorithm": {"name": "fedavg"}, "eval": {"every": 1}}
+
+
 WORKLOADS = {"fedavg-b50": fedavg(50), "fedavg-b10": fedavg(10),
-             "cfl-b128": cfl(128), "cfl-b10": cfl(10)}
+             "cfl-b128": cfl(128), "cfl-b10": cfl(10), "digits-b16": tiny()}
 
 
 def on_digits(config: dict[str, Any]) -> dict[str, Any]:
@@ -183,8 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.rounds} timed rounds after 1 warm-up, {args.repeats} sittings")
     results = []
     for name in args.workloads:
-        config = WORKLOADS[name] if real else on_digits(WORKLOADS[name])
-        config = cfg.merge(config, {"data": {"root": str(root)}} if real else {})
+        config = WORKLOADS[name]
+        if config["data"]["dataset"] == "mnist":
+            config = (cfg.merge(config, {"data": {"root": str(root)}}) if real
+                      else on_digits(config))
         federation = build_federation_for(cfg.resolve(config))
         result = measure(name, config, federation, args.executors, args.rounds, args.repeats)
         print_table(result)
