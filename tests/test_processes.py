@@ -277,6 +277,18 @@ def test_auto_picks_processes_for_rounds_of_several_clients_on_several_cores():
         Simulation(tiny_config(run={"executor": "processes", "workers": 0}))
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two usable cores")
+def test_auto_in_a_simulation_weighs_the_config():
+    # 20 clients x 3 epochs of about 70 images a round: workers pay, within the run's threads.
+    busy = {"scenario": {"kind": "label_swap", "clients": 20, "clusters": 4},
+            "train": {"participation": 1.0, "local_epochs": 3}}
+    sim = Simulation(tiny_config(**busy, run={"threads": 2}))
+    assert isinstance(sim.executor, ProcessExecutor) and sim.executor.workers == 2
+    assert isinstance(Simulation(tiny_config(**busy, run={"threads": 1})).executor,
+                      SequentialExecutor)
+    assert isinstance(Simulation(tiny_config(run={"threads": 2})).executor, SequentialExecutor)
+
+
 def test_a_module_with_running_statistics_stays_in_this_process(federation, caplog):
     module = nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.BatchNorm1d(8), nn.Linear(8, 10))
     proc = ProcessExecutor(FlatModel(module), federation, SEED, workers=2)

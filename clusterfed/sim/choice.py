@@ -35,7 +35,7 @@ class Workload:
 
     clients_per_round: int
     samples_per_round: int      # training samples a round's local SGD goes through
-    cores: int                  # usable cores, capped by run.threads
+    cores: int                  # usable cores, capped by the run's threads
     obstacle: str | None        # why tasks must stay in one process (module state), or None
 
 
@@ -61,7 +61,7 @@ def auto_kind(device: torch.device, workload: Workload | None) -> tuple[str, str
     if workload is None:
         return "sequential", "CPU"
     if workload.cores < 2:
-        return "sequential", "one usable core"
+        return "sequential", "one core (usable cores, capped by run.threads or torch's threads)"
     if workload.obstacle:
         return "sequential", workload.obstacle
     if workload.clients_per_round < MIN_CLIENTS_FOR_PROCESSES:
@@ -89,10 +89,11 @@ def workload(run: Mapping[str, Any], train: Mapping[str, Any], model: FlatModel,
         per_client = float(train["local_steps"]) * min(int(train["batch_size"]), mean)
     else:
         per_client = float(train.get("local_epochs") or 1) * mean
-    cores = usable_cores()
-    if run.get("threads"):
-        cores = min(cores, int(run["threads"]))
-    return Workload(k, int(k * per_client), cores, process_obstacle(model.module))
+    # The run's thread budget caps the workers: run.threads, else torch's threads (which follow
+    # OMP_NUM_THREADS), so a run told to keep to one core does.
+    budget = int(run["threads"]) if run.get("threads") else torch.get_num_threads()
+    return Workload(k, int(k * per_client), min(usable_cores(), budget),
+                    process_obstacle(model.module))
 
 
 def build_executor(run: Mapping[str, Any], model: FlatModel, federation: Federation, seed: int,
@@ -108,7 +109,8 @@ def build_executor(run: Mapping[str, Any], model: FlatModel, federation: Federat
     if kind == "processes":
         if device.type != "cpu":
             raise ConfigError(f"run.executor=processes runs on the CPU; run.device is {device}")
-        workers = run.get("workers") or (int(run["threads"]) if run.get("threads") else None)
+        workers = run.get("workers") or (work.cores if name == "auto" and work else None) \
+            or (int(run["threads"]) if run.get("threads") else None)
         executor = ProcessExecutor(model, federation, seed, transform, validation_fraction,
                                    workers)
         log.info("executor: processes, %d workers on %s%s", executor.workers, device, why)
