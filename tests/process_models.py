@@ -48,3 +48,28 @@ class InterruptsParent(_Linear):
                 pass
             time.sleep(0.05)
         return super().forward(x)
+
+
+class SlowInOneProcess(_Linear):
+    """The first process to train claims `flag`; it then sleeps `seconds` at every training
+    step and notes the step in `flag`. The other processes train at full speed."""
+
+    def __init__(self, input_shape: tuple[int, ...], n_classes: int, flag: str,
+                 seconds: float) -> None:
+        super().__init__(input_shape, n_classes)
+        self.flag, self.seconds = flag, seconds
+        self.slow: bool | None = None     # decided in each process at its first step
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            if self.slow is None:
+                try:
+                    os.close(os.open(self.flag, os.O_CREAT | os.O_EXCL))
+                    self.slow = True
+                except FileExistsError:
+                    self.slow = False
+            if self.slow:
+                with open(self.flag, "a") as f:
+                    f.write("step\n")
+                time.sleep(self.seconds)
+        return super().forward(x)

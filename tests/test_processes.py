@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import comparable, tiny_config
-from process_models import FailsInTraining, InterruptsParent
+from process_models import FailsInTraining, InterruptsParent, SlowInOneProcess
 from torch import nn
 
 from clusterfed.client.privacy import ParameterTransform
@@ -27,7 +27,7 @@ from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel, build_model
 from clusterfed.sim.choice import Workload, auto_kind
 from clusterfed.sim.executor import SequentialExecutor
-from clusterfed.sim.processes import ProcessExecutor, WorkerError, balance, start_obstacle
+from clusterfed.sim.processes import ProcessExecutor, WorkerError, chunks, start_obstacle
 from clusterfed.sim.shared import Mailbox, flatten, unflatten
 from clusterfed.sim.simulation import Simulation, initial_params
 
@@ -136,6 +136,28 @@ def test_evaluation_and_sizes_equal_the_sequential_ones(pair):
     assert np.array_equal(seq.test_sizes(), proc.test_sizes())
 
 
+def test_evaluation_computes_with_one_thread_whatever_the_run_uses(pair, monkeypatch):
+    seq, proc = pair
+    threads, inner = [], proc.local.evaluate
+    monkeypatch.setattr(proc.local, "evaluate",
+                        lambda *args: threads.append(torch.get_num_threads()) or inner(*args))
+    torch.set_num_threads(2)
+    proc.evaluate(np.zeros(seq.model.size, np.float32), [0, 1])
+    assert threads == [1] and torch.get_num_threads() == 2
+
+
+def test_an_idle_worker_takes_the_next_tasks(federation, tmp_path):
+    # One worker sleeps a second a step; the other takes every task after the first two.
+    flag = tmp_path / "slow"
+    module = SlowInOneProcess(federation.input_shape, federation.n_classes, str(flag), 1.0)
+    w = FlatModel(module).initial_vector().numpy()
+    tasks = [ClientTask(c, TaskKind.TRAIN, w, TrainSpec(lr=0.1, batch_size=1000))
+             for c in range(6)]   # one step each
+    with ProcessExecutor(FlatModel(module), federation, SEED, workers=2) as proc:
+        proc.run(tasks, 0)
+    assert flag.read_text().count("step") == 1    # split evenly, it would have run three
+
+
 def test_a_failing_task_raises_here_and_the_pool_carries_on(pair):
     seq, proc = pair
     tasks = mixed_tasks(seq.model.size)[:3]
@@ -169,13 +191,16 @@ def test_an_executor_dropped_unclosed_stops_its_workers(federation, module):
     assert not any(Path("/dev/shm", name).exists() for name in blocks)   # and were freed
 
 
-def test_balance_splits_by_cost_and_keeps_task_order():
-    shares = balance([5.0, 1.0, 1.0, 4.0, 1.0, 2.0], 2)
-    assert sorted(i for s in shares for i in s) == list(range(6))
-    assert all(s == sorted(s) for s in shares)
-    loads = [sum([5.0, 1.0, 1.0, 4.0, 1.0, 2.0][i] for i in s) for s in shares]
-    assert sorted(loads) == [7.0, 7.0]
-    assert balance([1.0], 3) == [[0], [], []]
+def test_tasks_go_out_longest_first_in_shrinking_chunks():
+    costs = [5.0, 1.0, 1.0, 4.0, 1.0, 2.0, 1.0, 1.0]
+    out = chunks(costs, 2)
+    assert sorted(i for c in out for i in c) == list(range(8))   # each task once
+    assert all(c == sorted(c) for c in out)                      # task order within a chunk
+    assert out[:2] == [[0], [3]]                 # the longest first, one each to start
+    sizes = [sum(costs[i] for i in c) for c in out]
+    assert sizes == sorted(sizes, reverse=True)
+    assert chunks([1.0], 3) == [[0]]
+    assert len(chunks([1.0] * 10_000, 2)) < 60   # a few dozen messages, not one per task
 
 
 def test_flattened_records_share_arrays_and_come_back_whole():
@@ -221,9 +246,10 @@ def record_kinds(executor: ProcessExecutor, seen: set[str]) -> None:
 ], ids=["fedavg", "cfl", "lcfl", "ifca"])
 def test_a_run_in_worker_processes_equals_the_sequential_run(config, kinds):
     out, seen = {}, set()
-    for kind in ("sequential", "processes"):
-        sim = Simulation(merge(config, {"run": {"executor": kind, "workers": 2, "threads": 1,
-                                                "checkpoint_every": 0}}))
+    for kind, threads in (("sequential", 1), ("processes", 2)):
+        # Two threads for the run: every worker and the evaluation still compute with one.
+        sim = Simulation(merge(config, {"run": {"executor": kind, "workers": 2,
+                                                "threads": threads, "checkpoint_every": 0}}))
         if kind == "processes":
             assert isinstance(sim.executor, ProcessExecutor)
             record_kinds(sim.executor, seen)

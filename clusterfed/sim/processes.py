@@ -18,10 +18,13 @@ from its own generator (`sim.sampling.task_seed`), and every worker computes wit
 - Tasks and results: a call writes its tasks' arrays (each distinct one once: FedAvg's global
   model is one array for all clients) to a shared block, and sends each worker its tasks with
   array slots in their place; a worker writes its results' arrays to a block of its own.
-- Balance: tasks go to workers by expected cost (samples through the model, `task_cost`),
-  longest first to the least loaded worker; results come back in task order.
-- Evaluation (`evaluate`) of one model over many clients' test data runs here, with this
-  process's threads: large batches, where threads pay, while the workers are idle.
+- Balance: tasks are handed out by expected cost (samples through the model, `task_cost`),
+  longest first, in shrinking chunks to whichever worker is idle (`chunks`); results come
+  back in task order.
+- Evaluation (`evaluate`) of one model over many clients' test data runs here, with one
+  thread: the evaluation is a small part of a round, and two threads of one process on a
+  machine that other jobs keep busy wait for each other at every barrier (measured:
+  docs/benchmarks.md).
 - Errors: a task that raises in a worker raises `WorkerError` here, with the worker's
   traceback; a worker that dies takes the pool down and raises `WorkerError`.
 
@@ -42,6 +45,7 @@ import signal
 import sys
 import traceback
 import weakref
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -155,16 +159,30 @@ def task_cost(task: ClientTask, train_size: int, test_size: int) -> float:
     return float(train_size)   # SIGNATURE: a decomposition of the client's data
 
 
-def balance(costs: Sequence[float], workers: int) -> list[list[int]]:
-    """Task indices per worker, each in task order: longest task first, to the least loaded
-    worker (Graham's LPT rule: within 4/3 of the best makespan)."""
-    loads = [0.0] * workers
-    shares: list[list[int]] = [[] for _ in range(workers)]
-    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        w = min(range(workers), key=lambda w: (loads[w], w))
-        shares[w].append(i)
-        loads[w] += costs[i]
-    return [sorted(s) for s in shares]
+def chunks(costs: Sequence[float], workers: int) -> list[list[int]]:
+    """Task indices in the order they are handed out: longest first, in chunks of about half a
+    worker's share of the cost still to go (guided self-scheduling; at least one task), each
+    chunk in task order.
+
+    Each idle worker takes the next chunk, so a worker slowed by another job on its core gets
+    less, and the short tasks at the end even out the finish; a static split would wait for
+    the slowest worker. A few dozen messages a call even for thousands of tiny tasks.
+    """
+    order = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
+    remaining = float(sum(costs))
+    out: list[list[int]] = []
+    i = 0
+    while i < len(order):
+        target = remaining / (2 * workers)
+        chunk, size = [order[i]], float(costs[order[i]])
+        i += 1
+        while i < len(order) and size + costs[order[i]] <= target:
+            chunk.append(order[i])
+            size += costs[order[i]]
+            i += 1
+        remaining -= size
+        out.append(sorted(chunk))
+    return out
 
 
 def result_bytes(task: ClientTask) -> int:
@@ -334,29 +352,33 @@ class _Pool:
         self.calls += 1
         records, arrays = flatten(tasks)
         layout = self.tasks.write([np.ascontiguousarray(a) for a in arrays])
-        shares = balance(costs, len(self.processes))
-        busy = [w for w, share in enumerate(shares) if share]
-        # Every block exists before the first worker starts (and may interrupt us).
-        blocks = {w: self.results[w].reserve(sum(result_bytes(tasks[i]) for i in shares[w]))
-                  for w in busy}
-        self.idle = False
-        for w in busy:
+        queue = deque(chunks(costs, len(self.processes)))
+        out: list[ClientResult | None] = [None] * len(tasks)
+        failures: list[str] = []
+        busy: dict[int, list[int]] = {}
+
+        def hand_out(w: int) -> None:
+            share = queue.popleft()
+            block = self.results[w].reserve(sum(result_bytes(tasks[i]) for i in share))
+            busy[w] = share
             try:
                 self.conns[w].send(("run", self.calls, round_index, step, layout,
-                                    [records[i] for i in shares[w]], blocks[w].name))
+                                    [records[i] for i in share], block.name))
             except OSError:
                 raise self._died(w) from None
-        out: list[ClientResult | None] = [None] * len(tasks)
-        failures = []
+
+        self.idle = False
+        for w in range(len(self.processes)):
+            if queue:
+                hand_out(w)
         # Every busy worker answers before anything is raised, so the pool stays in step.
-        pending = set(busy)
-        while pending:
-            ready = set(wait([x for w in pending
+        while busy:
+            ready = set(wait([x for w in busy
                               for x in (self.conns[w], self.processes[w].sentinel)]))
-            for w in sorted(pending):
+            for w in sorted(busy):
                 if self.conns[w] not in ready and self.processes[w].sentinel not in ready:
                     continue
-                pending.discard(w)
+                share = busy.pop(w)
                 reply = self._reply(w)   # a worker that died raises here
                 if reply[1] != self.calls:
                     raise WorkerError(f"worker {w} answered call {reply[1]} in call {self.calls}")
@@ -364,11 +386,13 @@ class _Pool:
                     failures.append(f"{reply[2]}\n--- in worker {w} ---\n{reply[3]}")
                     continue
                 _, _, results, result_layout, inline = reply
-                # Copies: the block is written again by the next call.
-                copies = ([a.copy() for a in blocks[w].read(result_layout)]
+                # Copies: the block is written again by the worker's next chunk.
+                copies = ([a.copy() for a in self.results[w].reserve(0).read(result_layout)]
                           if result_layout is not None else inline)
-                for i, result in zip(shares[w], unflatten(results, copies), strict=True):
+                for i, result in zip(share, unflatten(results, copies), strict=True):
                     out[i] = result
+                if queue and not failures:
+                    hand_out(w)
         self.idle = True
         if failures:
             raise WorkerError(failures[0])
@@ -477,7 +501,15 @@ class ProcessExecutor:
 
     def evaluate(self, params: np.ndarray, clients: Sequence[int], split: str = "test"
                  ) -> np.ndarray:
-        return self.local.evaluate(params, clients, split)
+        """One model over many clients' data, here, with one thread like the workers: the
+        run then equals a one-thread sequential run bit for bit, and other jobs on the cores
+        cannot stall it (threads that share a busy core spin at every barrier)."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self.local.evaluate(params, clients, split)
+        finally:
+            torch.set_num_threads(threads)
 
     def train_sizes(self) -> np.ndarray:
         return self.local.train_sizes()
