@@ -296,6 +296,7 @@ def test_auto_picks_processes_for_rounds_of_several_clients_on_several_cores():
     busy = Workload(clients_per_round=10, samples_per_round=6000, cores=2, obstacle=None)
     assert auto_kind(cpu, busy)[0] == "processes"
     assert auto_kind(cuda, busy)[0] == "vectorised"
+    assert auto_kind(cpu, Workload(2, 2000, 2, None))[0] == "processes"
     for other in (Workload(10, 6000, 1, None), Workload(1, 6000, 2, None),
                   Workload(10, 6000, 2, "batch norm"), Workload(10, 200, 2, None)):
         assert auto_kind(cpu, other)[0] == "sequential"
