@@ -59,8 +59,8 @@ def auto_kind(device: torch.device, workload: Workload | None) -> tuple[str, str
 
     Measured (docs/benchmarks.md, 2 cores): on a quiet machine two single-threaded workers beat
     one two-threaded process (FedAvg CNN at batch 50: 2.89 against 3.29 s a round); when other
-    jobs leave the run one core's share, the two threads of one process stall each other (3 to
-    180 times slower) while two workers cost 0 to 32 % over one thread.
+    jobs leave the run one core's share, the two threads of one process stall each other (2.9
+    to 180 times slower than two workers), while two workers cost at most 32 % over one thread.
     """
     if device.type == "cuda":
         return "vectorised", "CUDA"
