@@ -1,10 +1,11 @@
 """The process executor: one single-threaded worker process per core, each running its share of
 a round's tasks through its own `SequentialExecutor`.
 
-At small batches one process with two threads leaves much of a CPU idle (the per-step work is
-too small to split across threads); two single-threaded processes each training their own
-clients use both cores. Results never depend on which process runs a task: each task draws
-from its own generator (`sim.sampling.task_seed`), and every worker computes with one thread.
+Two threads of one process split each small convolution and wait for each other at every
+layer (and, when other jobs share the cores, spin while the other is descheduled); two
+single-threaded processes each training their own clients keep both cores busy
+(docs/benchmarks.md). Results never depend on which process runs a task: each task draws from
+its own generator (`sim.sampling.task_seed`), and every worker computes with one thread.
 
 - Start: workers start at the first `run` and live until `close()` (the Simulation closes its
   executor when a run ends, also on an exception or KeyboardInterrupt). They come from a
