@@ -25,7 +25,7 @@ EXECUTORS = ("auto", "sequential", "vectorised", "processes")
 # at least this many clients (two workers need two tasks) ...
 MIN_CLIENTS_FOR_PROCESSES = 2
 # ... through at least this many samples of local SGD: below it a round takes milliseconds,
-# and starting the workers (0.2 s, the first pool of a process 1 to 2 s) would not pay.
+# and starting the workers (0.1 s and up, the first pool of a process 1 to 2 s) would not pay.
 MIN_SAMPLES_FOR_PROCESSES = 2000
 
 
