@@ -31,6 +31,7 @@ test-flower: $(VENV)/.installed-test
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/round_time.py
+	$(BIN)/python benchmarks/executors.py
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/flower.py
 	$(BIN)/python benchmarks/vectorised.py

@@ -47,8 +47,10 @@ DEFAULTS: dict[str, Any] = {
         "privacy_seed": None,   # the clients' shared secret (default: derived from the seed)
         "privacy_secret_file": None,  # or a file of the clients' secret (clusterfed secret new)
         "device": "auto",       # "auto" (CUDA when available, else cpu), "cpu", "cuda", "cuda:1"
-        "executor": "auto",     # "auto" (vectorised on CUDA, else sequential), "sequential",
-                                # "vectorised" (many clients at once with torch.func.vmap)
+        "executor": "auto",     # "auto" (see sim/choice.py), "sequential", "vectorised" (many
+                                # clients at once with torch.func.vmap), "processes" (one
+                                # single-threaded worker process per core)
+        "workers": None,        # processes: worker count (default: run.threads, else the cores)
     },
     "compare": {"algorithms": []},
     # `clusterfed sweep`: dotted keys -> value lists (see clusterfed/experiments/sweep.py).
@@ -206,9 +208,13 @@ def validate(config: Mapping[str, Any]) -> None:
                           f"got {target!r}")
     if not isinstance(ev["every"], int) or ev["every"] < 1:
         raise ConfigError(f"eval.every must be a positive integer, got {ev['every']!r}")
-    if config["run"]["executor"] not in ("auto", "sequential", "vectorised"):
+    if config["run"]["executor"] not in ("auto", "sequential", "vectorised", "processes"):
         raise ConfigError(f"unknown run.executor {config['run']['executor']!r}; valid: auto, "
-                          "sequential, vectorised")
+                          "sequential, vectorised, processes")
+    workers = config["run"]["workers"]
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 1):
+        raise ConfigError(f"run.workers must be a positive integer or null, got {workers!r}")
     if not isinstance(config["run"]["device"], str):
         raise ConfigError(f"run.device must be a string such as auto, cpu or cuda, got "
                           f"{config['run']['device']!r}")

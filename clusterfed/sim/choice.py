@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -13,11 +14,29 @@ from clusterfed.data.scenarios import Federation
 from clusterfed.errors import ConfigError
 from clusterfed.models.flat import FlatModel
 from clusterfed.sim.executor import Executor, SequentialExecutor
+from clusterfed.sim.processes import ProcessExecutor, process_obstacle, usable_cores
+from clusterfed.sim.sampling import clients_per_round
 from clusterfed.sim.vectorised import VectorisedExecutor
 
 log = logging.getLogger("clusterfed")
 
-EXECUTORS = ("auto", "sequential", "vectorised")
+EXECUTORS = ("auto", "sequential", "vectorised", "processes")
+# `auto` picks worker processes on a CPU when the run may use several cores and a round trains
+# at least this many clients (two workers need two tasks) ...
+MIN_CLIENTS_FOR_PROCESSES = 2
+# ... through at least this many samples of local SGD: below it a round takes milliseconds,
+# and starting the workers (0.1 s and up, the first pool of a process 1 to 2 s) would not pay.
+MIN_SAMPLES_FOR_PROCESSES = 2000
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What `auto` weighs: a round's clients and samples, and the cores the run may use."""
+
+    clients_per_round: int
+    samples_per_round: int      # training samples a round's local SGD goes through
+    cores: int                  # usable cores, capped by the run's threads
+    obstacle: str | None        # why tasks must stay in one process (module state), or None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -34,21 +53,75 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def executor_kind(name: str, device: torch.device) -> str:
-    """'auto' -> vectorised on CUDA, sequential elsewhere (vectorising was slower on CPUs)."""
+def auto_kind(device: torch.device, workload: Workload | None) -> tuple[str, str]:
+    """`auto`'s executor and why: vectorised on CUDA; worker processes on a CPU where the run
+    may use several cores, for a round of several clients and enough samples; else sequential.
+
+    Measured (docs/benchmarks.md, 2 cores): on a quiet machine two single-threaded workers beat
+    one two-threaded process (FedAvg CNN at batch 50: 2.89 against 3.29 s a round); when other
+    jobs leave the run one core's share, the two threads of one process stall each other (2.9
+    to 180 times slower than two workers), while two workers cost at most 32 % over one thread.
+    """
+    if device.type == "cuda":
+        return "vectorised", "CUDA"
+    if workload is None:
+        return "sequential", "CPU"
+    if workload.cores < 2:
+        return "sequential", "one core (usable cores, capped by run.threads or torch's threads)"
+    if workload.obstacle:
+        return "sequential", workload.obstacle
+    if workload.clients_per_round < MIN_CLIENTS_FOR_PROCESSES:
+        return "sequential", f"{workload.clients_per_round} clients a round"
+    if workload.samples_per_round < MIN_SAMPLES_FOR_PROCESSES:
+        return "sequential", f"{workload.samples_per_round} training samples a round"
+    return "processes", (f"{workload.cores} cores, {workload.clients_per_round} clients and "
+                         f"{workload.samples_per_round} training samples a round")
+
+
+def executor_kind(name: str, device: torch.device, workload: Workload | None = None) -> str:
+    """The executor `run.executor` names; 'auto' as `auto_kind` decides."""
     if name not in EXECUTORS:
         raise ConfigError(f"unknown run.executor {name!r}; valid: {', '.join(EXECUTORS)}")
-    if name == "auto":
-        return "vectorised" if device.type == "cuda" else "sequential"
-    return name
+    return auto_kind(device, workload)[0] if name == "auto" else name
+
+
+def workload(run: Mapping[str, Any], train: Mapping[str, Any], model: FlatModel,
+             federation: Federation) -> Workload:
+    """The Workload of a config's run and train sections on `federation`."""
+    sizes = federation.train_sizes()
+    k = clients_per_round(float(train["participation"]), federation.num_clients)
+    mean = float(sizes.mean()) if len(sizes) else 0.0
+    if train.get("local_steps"):
+        per_client = float(train["local_steps"]) * min(int(train["batch_size"]), mean)
+    else:
+        per_client = float(train.get("local_epochs") or 1) * mean
+    # The run's thread budget caps the workers: run.threads, else torch's threads (which follow
+    # OMP_NUM_THREADS), so a run told to keep to one core does.
+    budget = int(run["threads"]) if run.get("threads") else torch.get_num_threads()
+    return Workload(k, int(k * per_client), min(usable_cores(), budget),
+                    process_obstacle(model.module))
 
 
 def build_executor(run: Mapping[str, Any], model: FlatModel, federation: Federation, seed: int,
-                   transform: ParameterTransform | None, validation_fraction: float) -> Executor:
-    """The executor the config's `run` section asks for, on its device."""
+                   transform: ParameterTransform | None, validation_fraction: float,
+                   train: Mapping[str, Any] | None = None) -> Executor:
+    """The executor the config's `run` section asks for, on its device. `train` (the config's
+    train section) lets `auto` weigh the round's work."""
     device = resolve_device(str(run.get("device", "auto")))
-    kind = executor_kind(str(run.get("executor", "auto")), device)
-    log.info("executor: %s on %s", kind, device)
+    name = str(run.get("executor", "auto"))
+    work = workload(run, train, model, federation) if train is not None else None
+    kind = executor_kind(name, device, work)
+    why = f" (auto: {auto_kind(device, work)[1]})" if name == "auto" else ""
+    if kind == "processes":
+        if device.type != "cpu":
+            raise ConfigError(f"run.executor=processes runs on the CPU; run.device is {device}")
+        workers = run.get("workers") or (work.cores if name == "auto" and work else None) \
+            or (int(run["threads"]) if run.get("threads") else None)
+        executor = ProcessExecutor(model, federation, seed, transform, validation_fraction,
+                                   workers)
+        log.info("executor: processes, %d workers on %s%s", executor.workers, device, why)
+        return executor
+    log.info("executor: %s on %s%s", kind, device, why)
     if kind == "vectorised":
         return VectorisedExecutor(model, federation, seed, transform, validation_fraction,
                                   device)

@@ -171,9 +171,12 @@ class Simulation:
         if first.shape != (self.model.size,):
             raise ConfigError(f"the initial model has shape {first.shape}; the model has "
                               f"{self.model.size} parameters")
+        # An executor built here is closed here, when a run ends (worker processes stop);
+        # a given one is its owner's to close.
+        self.owns_executor = executor is None
         self.executor: Executor = executor or build_executor(
             self.config["run"], self.model, self.federation, seed, transform,
-            self.config["eval"]["validation_fraction"])
+            self.config["eval"]["validation_fraction"], self.config["train"])
         # The layout is hidden under the privacy transform: coordinates are permuted there.
         layout = None if self.config["run"]["privacy"] != "none" else tuple(
             (n, tuple(s)) for n, s in zip(self.model.names, self.model.shapes, strict=True))
@@ -256,7 +259,27 @@ class Simulation:
 
     # The whole run --------------------------------------------------------------------------
 
+    def close(self) -> None:
+        """Release what the executor holds (worker processes, shared memory), if it is ours."""
+        close = getattr(self.executor, "close", None)
+        if self.owns_executor and close is not None:
+            close()
+
+    def __enter__(self) -> Simulation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def run(self, resume: bool = False) -> dict[str, Any]:
+        """Run (or resume) to the last round; the executor is closed at the end, also when the
+        run raises or is interrupted (a later call starts its workers again)."""
+        try:
+            return self._run(resume)
+        finally:
+            self.close()
+
+    def _run(self, resume: bool) -> dict[str, Any]:
         rounds = self.config["train"]["rounds"]
         state, start, elapsed, last_assignment = self.algorithm.init(self.setup), 0, 0.0, None
         if resume:

@@ -1,0 +1,526 @@
+"""The process executor: one single-threaded worker process per core, each running its share of
+a round's tasks through its own `SequentialExecutor`.
+
+Two threads of one process split each small convolution and wait for each other at every
+layer (and, when other jobs share the cores, spin while the other is descheduled); two
+single-threaded processes each training their own clients keep both cores busy
+(docs/benchmarks.md). Results never depend on which process runs a task: each task draws from
+its own generator (`sim.sampling.task_seed`), and every worker computes with one thread.
+
+- Start: workers start at the first `run` and live until `close()` (the Simulation closes its
+  executor when a run ends, also on an exception or KeyboardInterrupt). They come from a
+  forkserver on Linux, from spawn elsewhere, never from a plain fork of this process: once
+  torch has run here its OpenMP pool exists, and a forked child inherits that pool's state
+  but not its threads (GNU OpenMP can hang in the child), along with any lock another thread
+  held (logging, tqdm's monitor). The forkserver is a clean single-threaded process that
+  imports torch once and forks each worker from there.
+- Data: the clients' arrays are copied once into one shared-memory block that every worker
+  maps; a worker's SequentialExecutor holds zero-copy tensors of it (`sim/shared.py`).
+- Tasks and results: a call writes its tasks' arrays (each distinct one once: FedAvg's global
+  model is one array for all clients) to a shared block, and sends each worker its tasks with
+  array slots in their place; a worker writes its results' arrays to a block of its own.
+- Balance: tasks are handed out by expected cost (samples through the model, `task_cost`),
+  longest first, in shrinking chunks to whichever worker is idle (`chunks`); results come
+  back in task order.
+- Evaluation (`evaluate`) of one model over many clients' test data runs here, with one
+  thread: the evaluation is a small part of a round, and two threads of one process on a
+  machine that other jobs keep busy wait for each other at every barrier (measured:
+  docs/benchmarks.md).
+- Errors: a task that raises in a worker raises `WorkerError` here, with the worker's
+  traceback; a worker that dies takes the pool down and raises `WorkerError`.
+
+Modules whose forward pass changes state or draws random numbers (batch-norm statistics,
+dropout) make a task's result depend on the tasks its process ran before and on the
+process's global generator; their tasks run here, sequentially, with a logged notice.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import multiprocessing as mp
+import os
+import pickle
+import re
+import signal
+import sys
+import traceback
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from clusterfed.client.privacy import ParameterTransform
+from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
+from clusterfed.data.scenarios import ClientData, Federation
+from clusterfed.models.flat import FlatModel
+from clusterfed.sim.executor import SequentialExecutor
+from clusterfed.sim.shared import (
+    ALIGN,
+    Block,
+    Layout,
+    Mailbox,
+    Reader,
+    flatten,
+    nbytes_of,
+    unflatten,
+)
+
+log = logging.getLogger("clusterfed")
+
+# Samples' worth of fixed cost per SGD step (Python, kernel launches): it matters only for
+# balancing clients of different sizes, so a rough figure does.
+STEP_OVERHEAD = 8
+# Seconds a worker gets to leave after "stop" before it is terminated.
+STOP_SECONDS = 10.0
+
+
+class WorkerError(RuntimeError):
+    """A task raised in a worker process, or a worker process died."""
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:   # not on Linux
+        return os.cpu_count() or 1
+
+
+def process_obstacle(module: nn.Module) -> str | None:
+    """Why tasks on `module` cannot run in worker processes, or None: results that would depend
+    on the process (state, global random numbers), or workers that could not start."""
+    for name, m in module.named_modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+            return f"layer {name or 'model'} keeps running statistics ({type(m).__name__})"
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            return f"layer {name or 'model'} is dropout (the process's global generator)"
+    return start_obstacle(module)
+
+
+# `if __name__ == "__main__":`, the guard that keeps a script's run out of its workers.
+_MAIN_GUARD = re.compile(r"""__name__\s*==\s*["']__main__["']""")
+
+
+def start_obstacle(module: nn.Module) -> str | None:
+    """Why workers could not start on `module`, or None.
+
+    A worker unpickles the module, importing its classes' modules; as under spawn, it imports
+    the main script too (as `__mp_main__`), so a script whose run is not guarded by
+    `if __name__ == "__main__":` would run again in every worker; a class defined in an
+    interactive session (no script to import) cannot be found there at all.
+    """
+    main = sys.modules.get("__main__")
+    as_module = getattr(main, "__spec__", None) is not None     # python -m ...: importable
+    script = None if as_module else getattr(main, "__file__", None)
+    if not as_module and script is None:
+        if any(type(m).__module__ == "__main__" for m in module.modules()):
+            return "the model's class is defined in an interactive session"
+    elif script is not None:
+        try:
+            guarded = _MAIN_GUARD.search(Path(script).read_text(errors="replace"))
+        except OSError:
+            guarded = None
+        if not guarded:
+            return f"the main script {script} has no `if __name__ == \"__main__\":` guard"
+    try:
+        pickle.dumps(module)
+    except Exception as err:   # a lambda or a local class in the model
+        return f"the model does not pickle ({type(err).__name__}: {err})"
+    return None
+
+
+def task_cost(task: ClientTask, train_size: int, test_size: int) -> float:
+    """A task's expected cost in samples through the model (a backward pass counts two)."""
+    models = task.params.shape[0] if np.ndim(task.params) == 2 else 1
+    if task.kind is TaskKind.TRAIN and task.train is not None:
+        steps = task.train.num_steps(train_size)
+        per_step = 3 * (min(task.train.batch_size, train_size) + STEP_OVERHEAD)
+        maml = task.objective.maml if task.objective is not None else None
+        return steps * per_step * {None: 1, "fo": 2, "hf": 4}[maml]
+    if task.kind is TaskKind.GRADIENT:
+        return 3.0 * train_size
+    if task.kind is TaskKind.LOSSES:
+        n = train_size + (test_size if task.loss is not None and task.loss.data == "train+test"
+                          else 0)
+        if task.loss is not None and task.loss.max_samples is not None:
+            n = min(n, task.loss.max_samples)
+        return float(models * n)
+    if task.kind is TaskKind.EVALUATE:
+        return float(models * test_size)
+    return float(train_size)   # SIGNATURE: a decomposition of the client's data
+
+
+def chunks(costs: Sequence[float], workers: int) -> list[list[int]]:
+    """Task indices in the order they are handed out: longest first, in chunks of about half a
+    worker's share of the cost still to go (guided self-scheduling; at least one task), each
+    chunk in task order.
+
+    Each idle worker takes the next chunk, so a worker slowed by another job on its core gets
+    less, and the short tasks at the end even out the finish; a static split would wait for
+    the slowest worker. A few dozen messages a call even for thousands of tiny tasks.
+    """
+    order = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
+    remaining = float(sum(costs))
+    out: list[list[int]] = []
+    i = 0
+    while i < len(order):
+        target = remaining / (2 * workers)
+        chunk, size = [order[i]], float(costs[order[i]])
+        i += 1
+        while i < len(order) and size + costs[order[i]] <= target:
+            chunk.append(order[i])
+            size += costs[order[i]]
+            i += 1
+        remaining -= size
+        out.append(sorted(chunk))
+    return out
+
+
+def result_bytes(task: ClientTask) -> int:
+    """Room for a task's result arrays: an update the model's size, or a few per-model figures.
+    (A SIGNATURE's matrix may not fit: it then travels through the pipe.)"""
+    if task.kind in (TaskKind.TRAIN, TaskKind.GRADIENT):
+        body = task.params.nbytes
+    else:
+        body = 16 * (task.params.shape[0] if np.ndim(task.params) == 2 else 1)
+    return body + 2 * ALIGN
+
+
+def start_context() -> BaseContext:
+    """A forkserver on Linux, spawn elsewhere (see the module's docstring)."""
+    if sys.platform.startswith("linux"):
+        ctx = mp.get_context("forkserver")
+        # The server imports torch and this module once; each worker forks from it. (Only
+        # effective before the process's forkserver starts.)
+        ctx.set_forkserver_preload([__name__])
+        return ctx
+    return mp.get_context("spawn")
+
+
+# --------------------------------------------------------------------------------------------
+# The worker's side
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """What a worker needs to build its SequentialExecutor, sent once when it starts."""
+
+    module: bytes                   # the pickled nn.Module
+    seed: int
+    transform: ParameterTransform | None
+    validation_fraction: float
+    data: Layout                    # train_x, train_y, test_x, test_y of each client, in turn
+    n_classes: int
+    input_shape: tuple[int, ...]
+
+
+def _federation(setup: WorkerSetup, views: list[np.ndarray]) -> Federation:
+    clients = [ClientData(*views[i:i + 4]) for i in range(0, len(views), 4)]
+    return Federation(clients, np.zeros(len(clients), dtype=np.int64), setup.n_classes,
+                      setup.input_shape)
+
+
+def worker_main(conn: Connection, setup: WorkerSetup) -> None:
+    """A worker's life: build the executor on the shared data, then serve calls until "stop"
+    or until the parent is gone."""
+    # Ctrl-C reaches every process of the terminal's group; the parent decides what stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
+    data = Reader()
+    tasks, results = Reader(), Reader()
+    try:
+        module = pickle.loads(setup.module)
+        federation = _federation(setup, data.read(setup.data))
+        executor = SequentialExecutor(FlatModel(module), federation, setup.seed,
+                                      setup.transform, setup.validation_fraction)
+        conn.send(("ready", os.getpid()))
+    except BaseException:
+        conn.send(("setup_failed", traceback.format_exc()))
+        return
+    try:
+        while True:
+            try:
+                message = conn.recv()
+            except EOFError:   # the parent is gone
+                break
+            if message[0] == "stop":
+                break
+            try:
+                reply = _serve(executor, tasks, results, *message[1:])
+            except Exception:   # outside any one task: reading the call, writing results
+                reply = ("failed", message[1], "the worker could not serve the call",
+                         traceback.format_exc())
+            conn.send(reply)
+    finally:
+        # The views into the blocks go first, so that the blocks can be unmapped.
+        del executor, federation
+        gc.collect()
+        for reader in (tasks, results, data):
+            reader.close()
+
+
+def _serve(executor: SequentialExecutor, tasks_in: Reader, results_out: Reader, call: int,
+           round_index: int, step: int, layout: Layout, records: list[Any], result_block: str
+           ) -> tuple[Any, ...]:
+    """One call: run its tasks one by one, write the results' arrays back."""
+    tasks = unflatten(records, tasks_in.read(layout))
+    done: list[ClientResult] = []
+    for task in tasks:
+        try:
+            done += executor.run([task], round_index, step)
+        except Exception as err:
+            what = (f"client {task.client}'s {task.kind.value} task (round {round_index + 1}, "
+                    f"step {step}): {type(err).__name__}: {err}")
+            return ("failed", call, what, traceback.format_exc())
+    out, arrays = flatten(done)
+    block = results_out.open(result_block)
+    if nbytes_of(arrays) <= block.capacity:
+        return ("done", call, out, block.write(arrays), None)
+    return ("done", call, out, None, arrays)   # too large for the block: through the pipe
+
+
+# --------------------------------------------------------------------------------------------
+# The parent's side
+# --------------------------------------------------------------------------------------------
+
+
+class _Pool:
+    """Running workers, their pipes and the shared blocks of one run."""
+
+    def __init__(self, setup: WorkerSetup, data: Block, workers: int) -> None:
+        ctx = start_context()
+        self.processes: list[BaseProcess] = []
+        self.conns: list[Connection] = []
+        self.data = data
+        self.tasks = Mailbox()
+        self.results = [Mailbox() for _ in range(workers)]
+        self.calls = 0
+        self.idle = False   # until every worker is ready: a failed start terminates them
+        try:
+            for i in range(workers):
+                here, there = ctx.Pipe()
+                self.conns.append(here)
+                process = ctx.Process(target=worker_main, args=(there, setup), daemon=True,
+                                      name=f"clusterfed-worker-{i}")
+                process.start()
+                there.close()
+                self.processes.append(process)
+            for w in range(workers):
+                reply = self._reply(w)
+                if reply[0] != "ready":
+                    raise WorkerError(f"worker {w} could not start:\n{reply[1]}")
+        except BaseException:
+            self.close()
+            raise
+        self.idle = True
+        # Every worker has mapped the data: the name can go, the memory stays while mapped.
+        self.data.unlink()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes if p.pid is not None]
+
+    def _died(self, w: int) -> WorkerError:
+        p = self.processes[w]
+        p.join(1.0)
+        return WorkerError(f"worker {w} (pid {p.pid}) died (exit code {p.exitcode})")
+
+    def _reply(self, w: int) -> tuple[Any, ...]:
+        """The next message of worker `w`; WorkerError if it dies first."""
+        conn, process = self.conns[w], self.processes[w]
+        while not conn.poll():
+            wait([conn, process.sentinel])
+            if not conn.poll() and not process.is_alive():
+                raise self._died(w)
+        try:
+            return conn.recv()
+        except (EOFError, OSError):   # the other end closed: reset or end of file
+            raise self._died(w) from None
+
+    def run(self, tasks: Sequence[ClientTask], costs: Sequence[float], round_index: int,
+            step: int) -> list[ClientResult]:
+        self.calls += 1
+        records, arrays = flatten(tasks)
+        layout = self.tasks.write([np.ascontiguousarray(a) for a in arrays])
+        queue = deque(chunks(costs, len(self.processes)))
+        out: list[ClientResult | None] = [None] * len(tasks)
+        failures: list[str] = []
+        busy: dict[int, list[int]] = {}
+
+        def hand_out(w: int) -> None:
+            share = queue.popleft()
+            block = self.results[w].reserve(sum(result_bytes(tasks[i]) for i in share))
+            busy[w] = share
+            try:
+                self.conns[w].send(("run", self.calls, round_index, step, layout,
+                                    [records[i] for i in share], block.name))
+            except OSError:
+                raise self._died(w) from None
+
+        self.idle = False
+        for w in range(len(self.processes)):
+            if queue:
+                hand_out(w)
+        # Every busy worker answers before anything is raised, so the pool stays in step.
+        while busy:
+            ready = set(wait([x for w in busy
+                              for x in (self.conns[w], self.processes[w].sentinel)]))
+            for w in sorted(busy):
+                if self.conns[w] not in ready and self.processes[w].sentinel not in ready:
+                    continue
+                share = busy.pop(w)
+                reply = self._reply(w)   # a worker that died raises here
+                if reply[1] != self.calls:
+                    raise WorkerError(f"worker {w} answered call {reply[1]} in call {self.calls}")
+                if reply[0] == "failed":
+                    failures.append(f"{reply[2]}\n--- in worker {w} ---\n{reply[3]}")
+                    continue
+                _, _, results, result_layout, inline = reply
+                # Copies: the block is written again by the worker's next chunk.
+                copies = ([a.copy() for a in self.results[w].reserve(0).read(result_layout)]
+                          if result_layout is not None else inline)
+                for i, result in zip(share, unflatten(results, copies), strict=True):
+                    out[i] = result
+                if queue and not failures:
+                    hand_out(w)
+        self.idle = True
+        if failures:
+            raise WorkerError(failures[0])
+        assert all(r is not None for r in out)
+        return out  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stop the workers (ask when idle, terminate when not) and free the blocks."""
+        if self.idle:
+            for conn in self.conns:
+                try:
+                    conn.send(("stop",))
+                except OSError:
+                    pass
+            for p in self.processes:
+                p.join(STOP_SECONDS)
+        for p in self.processes:
+            if p.is_alive():
+                p.terminate()
+                p.join(STOP_SECONDS)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for conn in self.conns:
+            conn.close()
+        self.data.unlink()
+        self.tasks.unlink()
+        for box in self.results:
+            box.unlink()
+
+
+class ProcessExecutor:
+    """Runs client tasks in `workers` single-threaded worker processes (default: one per usable
+    core); evaluates in this process. Close it (or use it as a context manager) to stop them."""
+
+    def __init__(self, model: FlatModel, federation: Federation, seed: int,
+                 transform: ParameterTransform | None = None,
+                 validation_fraction: float = 0.0, workers: int | None = None) -> None:
+        # This process's own executor: evaluation, sizes, and models workers cannot share.
+        self.local = SequentialExecutor(model, federation, seed, transform, validation_fraction)
+        self.federation = federation
+        self.seed = seed
+        self.transform = transform
+        self.validation_fraction = validation_fraction
+        self.workers = workers or usable_cores()
+        if self.workers < 1:
+            raise ValueError(f"workers must be at least 1, got {self.workers}")
+        self.obstacle = process_obstacle(model.module)
+        if self.obstacle:
+            log.warning("process executor: %s; running tasks in this process", self.obstacle)
+        self._pool: _Pool | None = None
+        # Stops the pool if this executor is dropped or the interpreter exits unclosed.
+        self._finalizer: weakref.finalize | None = None
+        self.started_pids: list[int] = []   # every worker ever started (tests check them)
+
+    def __enter__(self) -> ProcessExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _start(self) -> _Pool:
+        arrays = [a for c in self.federation.clients
+                  for a in (c.train_x, c.train_y, c.test_x, c.test_y)]
+        data = Block.create(nbytes_of(arrays))
+        try:
+            setup = WorkerSetup(
+                pickle.dumps(self.local.model.module), self.seed, self.transform,
+                self.validation_fraction, data.write(arrays), self.federation.n_classes,
+                tuple(self.federation.input_shape))
+            data.close()   # the workers map it; this process keeps the federation's arrays
+            pool = _Pool(setup, data, self.workers)
+        except BaseException:
+            data.unlink()
+            raise
+        self.started_pids += pool.pids
+        log.info("process executor: %d workers started (pids %s)", self.workers, pool.pids)
+        return pool
+
+    def _costs(self, tasks: Sequence[ClientTask]) -> list[float]:
+        return [task_cost(t, len(self.local.train[t.client][1]), len(self.local.test[t.client][1]))
+                for t in tasks]
+
+    def run(self, tasks: Sequence[ClientTask], round_index: int, step: int = 0
+            ) -> list[ClientResult]:
+        if not tasks:
+            return []
+        if self.obstacle:
+            return self.local.run(tasks, round_index, step)
+        if self._pool is None:
+            try:
+                self._pool = self._start()
+            except BaseException:
+                self.close()
+                raise
+            self._finalizer = weakref.finalize(self, self._pool.close)
+        try:
+            return self._pool.run(tasks, self._costs(tasks), round_index, step)
+        except WorkerError:
+            if not self._pool.idle:   # a worker died: the pool is gone
+                self.close()
+            raise
+        except BaseException:   # KeyboardInterrupt, a broken pipe: no worker outlives it
+            self.close()
+            raise
+
+    def evaluate(self, params: np.ndarray, clients: Sequence[int], split: str = "test"
+                 ) -> np.ndarray:
+        """One model over many clients' data, here, with one thread like the workers: the
+        run then equals a one-thread sequential run bit for bit, and other jobs on the cores
+        cannot stall it (threads that share a busy core spin at every barrier)."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self.local.evaluate(params, clients, split)
+        finally:
+            torch.set_num_threads(threads)
+
+    def train_sizes(self) -> np.ndarray:
+        return self.local.train_sizes()
+
+    def test_sizes(self) -> np.ndarray:
+        return self.local.test_sizes()
+
+    def close(self) -> None:
+        """Stop the workers and free the shared memory; a later `run` starts new ones."""
+        self._pool = None
+        if self._finalizer is not None:
+            self._finalizer()   # the pool's close, once
+            self._finalizer = None
