@@ -29,11 +29,13 @@ test: $(VENV)/.installed-test
 test-flower: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -m flower
 
+# reference_cfl.py needs the CFL authors' code (CLUSTERFED_CFL_AUTHORS=PATH); it skips without.
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/round_time.py
 	$(BIN)/python benchmarks/executors.py
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/flower.py
+	$(BIN)/python benchmarks/reference_cfl.py $(if $(CLUSTERFED_CFL_AUTHORS),--authors $(CLUSTERFED_CFL_AUTHORS))
 	$(BIN)/python benchmarks/vectorised.py
 	$(BIN)/python benchmarks/scale.py
 	$(BIN)/python benchmarks/lcfl_matrix.py --rows 1

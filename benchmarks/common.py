@@ -85,6 +85,18 @@ def best_of(fn: Callable[[], object], repeats: int,
     return best
 
 
+def textbook_epoch(module: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+                   y: torch.Tensor, batch: int) -> None:
+    """One epoch of the textbook PyTorch loop: a fresh permutation, then per batch zero_grad,
+    cross-entropy, backward, step (the baseline the benchmarks set clusterfed against)."""
+    order = torch.randperm(len(y))
+    for start in range(0, len(y), batch):
+        idx = order[start:start + batch]
+        optimizer.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(module(x[idx]), y[idx]).backward()
+        optimizer.step()
+
+
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()

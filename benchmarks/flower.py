@@ -4,17 +4,23 @@ The same task on both, in the same run: MNIST, McMahan et al.'s CNN, 100 iid cli
 images, 10 clients per round, 1 local epoch of SGD at batch 10. Flower runs its own
 `run_simulation` with a ServerApp (its FedAvg strategy) and a ClientApp (benchmarks/
 flower_apps.py), one client at a time per CPU that torch may use here; clusterfed runs
-`Simulation` with the sequential executor (or whatever `run.executor=auto` picks). Rounds are
-timed after one warm-up round (Ray's start and each actor's data loading are not counted).
+`Simulation` with its default executor (`run.executor=auto`: worker processes, one per core,
+on a multi-core CPU). Ray gets as many CPUs as torch has threads (the thread budget of both
+sides), one per client, so with 2 cores Flower runs 2 one-CPU actors and clusterfed 2
+single-threaded workers. Rounds are timed after one warm-up round (Ray's start, each actor's
+data loading and clusterfed's worker start are not counted): wall seconds and CPU seconds of
+this process and all its descendants (Ray's raylet and actors, clusterfed's workers), from
+/proc. The two sides take turns, A B then B A, `--repeats` times, in one sitting.
 Needs `flwr[simulation]==1.41.0`; without it, prints a skip line.
 
-    python benchmarks/flower.py [--rounds N] [--batch-size B]
+    python benchmarks/flower.py [--rounds N] [--repeats R] [--batch-size B]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,17 +36,45 @@ from clusterfed.sim.simulation import Simulation
 SEED = 0
 CLIENTS, PER_CLIENT, PER_ROUND, LR = 100, 600, 10, 0.05
 HERE = Path(__file__).resolve().parent
+Stamp = tuple[float, float]
 
 
-def ours(rounds: int, batch: int) -> list[float]:
+def descendants_cpu() -> float:
+    """CPU seconds (user + system) of this process and every live descendant, from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(entry.name)] = int(fields[1])
+        cpu[int(entry.name)] = (int(fields[11]) + int(fields[12])) / ticks
+    mine, frontier = {os.getpid()}, [os.getpid()]
+    while frontier:
+        p = frontier.pop()
+        children = [c for c, pp in parent.items() if pp == p and c not in mine]
+        mine.update(children)
+        frontier += children
+    return sum(cpu.get(p, 0.0) for p in mine)
+
+
+def now() -> Stamp:
+    return time.perf_counter(), descendants_cpu()
+
+
+def ours(rounds: int, batch: int) -> list[Stamp]:
     dataset, _ = mnist()
     federation = build_federation(dataset, {"kind": "iid", "clients": CLIENTS,
                                             "samples_per_client": PER_CLIENT,
                                             "test_samples_per_client": 1}, SEED)
-    stamps = [time.perf_counter()]
+    stamps = [now()]
 
     def stamp(completed: int, record: Any) -> bool:
-        stamps.append(time.perf_counter())
+        stamps.append(now())
         return completed == rounds + 1
 
     config = {"seed": SEED, "data": {"dataset": "mnist"},
@@ -51,10 +85,10 @@ def ours(rounds: int, batch: int) -> list[float]:
               "algorithm": {"name": "fedavg"}, "eval": {"every": 10**9},
               "run": {"progress": False, "checkpoint_every": 0}}
     Simulation(config, federation=federation, callbacks=[stamp]).run()
-    return list(np.diff(stamps)[1:])   # without the warm-up round
+    return stamps[1:]   # from the end of the warm-up round
 
 
-def flower(rounds: int, batch: int) -> list[float]:
+def flower(rounds: int, batch: int) -> list[Stamp]:
     from flwr.app import ArrayRecord, ConfigRecord, Context
     from flwr.serverapp import Grid, ServerApp
     from flwr.serverapp.strategy import FedAvg
@@ -68,7 +102,7 @@ def flower(rounds: int, batch: int) -> list[float]:
 
     from clusterfed.models import build_model
 
-    stamps: list[float] = []
+    stamps: list[Stamp] = []
     server = ServerApp()
 
     @server.main()
@@ -78,7 +112,7 @@ def flower(rounds: int, batch: int) -> list[float]:
                           min_train_nodes=PER_ROUND, min_available_nodes=CLIENTS)
 
         def evaluate(server_round: int, arrays: ArrayRecord) -> None:
-            stamps.append(time.perf_counter())   # after each round (and before the first)
+            stamps.append(now())   # after each round (and before the first)
             return None
 
         strategy.start(grid=grid, initial_arrays=ArrayRecord(module.state_dict()),
@@ -91,15 +125,23 @@ def flower(rounds: int, batch: int) -> list[float]:
     run_simulation(server_app=server, client_app=client_app, num_supernodes=CLIENTS,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                                    "init_args": {"num_cpus": cpus, "include_dashboard": False}})
-    return list(np.diff(stamps)[1:])   # stamps[0]: before round 1; round 1 is the warm-up
+    return stamps[1:]   # stamps[0]: before round 1; round 1 is the warm-up
+
+
+def per_round(stamps: list[Stamp]) -> tuple[list[float], list[float]]:
+    wall = np.diff([s[0] for s in stamps]).tolist()
+    cpu = np.diff([s[1] for s in stamps]).tolist()
+    return wall, cpu
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds (after 1 warm-up)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="sittings: A B, then B A, ... (each starts Ray anew)")
     parser.add_argument("--batch-size", type=int, default=10)
     args = parser.parse_args(argv)
-    print("== FedAvg seconds per round: clusterfed vs Flower simulation (Ray) ==")
+    print("== FedAvg seconds per round: clusterfed vs Flower simulation (Ray), interleaved ==")
     print(machine())
     print(mnist()[1])
     try:
@@ -107,16 +149,31 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("SKIP flower: flwr is not installed (pip install 'flwr[simulation]==1.41.0')")
         return 0
+    cpus = torch.get_num_threads()
     print(f"MNIST, fedavg_cnn, {CLIENTS} iid clients x {PER_CLIENT}, {PER_ROUND}/round, "
           f"1 epoch, batch {args.batch_size}; 1 warm-up + {args.rounds} timed rounds each; "
-          f"flwr {flwr.__version__}, Ray with {torch.get_num_threads()} CPU(s), 1 per client")
-    mine = ours(args.rounds, args.batch_size)
-    theirs = flower(args.rounds, args.batch_size)
-    a, b = float(np.mean(mine)), float(np.mean(theirs))
-    print(f"{'runtime':<22} {'s/round':>8}  rounds")
-    print(f"{'clusterfed':<22} {a:>8.3f}  {[round(float(s), 2) for s in mine]}")
-    print(f"{'flower (ray)':<22} {b:>8.3f}  {[round(float(s), 2) for s in theirs]}")
-    print(f"flower / clusterfed: {b / a:.2f}x  (goal >= 5x)")
+          f"flwr {flwr.__version__}, Ray with {cpus} CPU(s), 1 per client; clusterfed "
+          f"run.executor=auto with {cpus} thread(s)")
+    sides = {"clusterfed": ours, "flower (ray)": flower}
+    walls: dict[str, list[float]] = {s: [] for s in sides}
+    cpus_used: dict[str, list[float]] = {s: [] for s in sides}
+    load_before = os.getloadavg()[0]
+    for r in range(args.repeats):
+        order = list(sides) if r % 2 == 0 else list(reversed(sides))
+        for side in order:
+            wall, cpu = per_round(sides[side](args.rounds, args.batch_size))
+            walls[side] += wall
+            cpus_used[side] += cpu
+            print(f"  sitting {r + 1}/{args.repeats} {side}: "
+                  f"{[round(w, 2) for w in wall]} s, CPU {[round(c, 2) for c in cpu]} s "
+                  f"(load {os.getloadavg()[0]:.2f})", flush=True)
+    print(f"load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
+    print(f"{'runtime':<14} {'s/round':>8} {'mean':>7} {'CPU s/round':>11}")
+    for side in sides:
+        print(f"{side:<14} {statistics.median(walls[side]):>8.3f} "
+              f"{statistics.fmean(walls[side]):>7.3f} {statistics.median(cpus_used[side]):>11.3f}")
+    a, b = statistics.median(walls["clusterfed"]), statistics.median(walls["flower (ray)"])
+    print(f"flower / clusterfed: {b / a:.2f}x in wall time (medians; issue 18's goal >= 1.5x)")
     return 0
 
 

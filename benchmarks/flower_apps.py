@@ -7,12 +7,10 @@ keeps it; training is the textbook PyTorch loop: SGD, 1 local epoch, the config'
 
 from __future__ import annotations
 
-import math
 import os
 from functools import lru_cache
 
 import torch
-import torch.nn.functional as F
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -40,14 +38,9 @@ def train(msg: Message, context: Context) -> Message:
     x, y = torch.from_numpy(data.train_x), torch.from_numpy(data.train_y)
     model = build_model("fedavg_cnn", fed.input_shape, fed.n_classes)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    opt = torch.optim.SGD(model.parameters(), lr=float(config["lr"]))
-    batch = int(config["batch-size"])
-    order = torch.randperm(len(y))
-    for b in range(math.ceil(len(y) / batch)):
-        idx = order[b * batch:(b + 1) * batch]
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x[idx]), y[idx]).backward()
-        opt.step()
+    from common import textbook_epoch
+    textbook_epoch(model, torch.optim.SGD(model.parameters(), lr=float(config["lr"])), x, y,
+                   int(config["batch-size"]))
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
                           "metrics": MetricRecord({"num-examples": len(y)})})
     return Message(content=content, reply_to=msg)
