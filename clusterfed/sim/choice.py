@@ -14,13 +14,14 @@ from clusterfed.data.scenarios import Federation
 from clusterfed.errors import ConfigError
 from clusterfed.models.flat import FlatModel
 from clusterfed.sim.executor import Executor, SequentialExecutor
+from clusterfed.sim.grouped import GroupedExecutor
 from clusterfed.sim.processes import ProcessExecutor, process_obstacle, usable_cores
 from clusterfed.sim.sampling import clients_per_round
 from clusterfed.sim.vectorised import VectorisedExecutor
 
 log = logging.getLogger("clusterfed")
 
-EXECUTORS = ("auto", "sequential", "vectorised", "processes")
+EXECUTORS = ("auto", "sequential", "vectorised", "grouped", "processes")
 # `auto` picks worker processes on a CPU when the run may use several cores and a round trains
 # at least this many clients (two workers need two tasks) ...
 MIN_CLIENTS_FOR_PROCESSES = 2
@@ -125,4 +126,6 @@ def build_executor(run: Mapping[str, Any], model: FlatModel, federation: Federat
     if kind == "vectorised":
         return VectorisedExecutor(model, federation, seed, transform, validation_fraction,
                                   device)
+    if kind == "grouped":
+        return GroupedExecutor(model, federation, seed, transform, validation_fraction, device)
     return SequentialExecutor(model, federation, seed, transform, validation_fraction, device)
