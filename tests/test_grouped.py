@@ -176,3 +176,18 @@ def test_simulation_with_the_grouped_executor_equals_sequential():
     (a, ma), (b, mb) = results["sequential"], results["grouped"]
     np.testing.assert_allclose(mb, ma, rtol=1e-4, atol=1e-6)
     assert b["final"]["mean_loss"] == pytest.approx(a["final"]["mean_loss"], rel=1e-4)
+
+
+def test_auto_picks_grouped_where_it_measured_faster():
+    from clusterfed.sim.choice import Workload, auto_kind, step_flops
+    cpu = torch.device("cpu")
+    small = step_flops(FlatModel(build_model("cfl_convnet", (1, 28, 28), 10)), (1, 28, 28), 10)
+    large = step_flops(FlatModel(build_model("fedavg_cnn", (1, 28, 28), 10)), (1, 28, 28), 10)
+    assert 5e6 < small < 50e6 < large      # cfl_convnet at batch 10 against fedavg_cnn
+    assert auto_kind(cpu, Workload(20, 8000, 2, None, None, small))[0] == "grouped"
+    assert auto_kind(cpu, Workload(10, 6000, 2, None, None, large))[0] == "processes"
+    assert auto_kind(cpu, Workload(10, 6000, 1, None, None, large))[0] == "grouped"
+    assert auto_kind(cpu, Workload(10, 6000, 1, None, "batch norm", small))[0] == "sequential"
+    assert auto_kind(cpu, Workload(1, 6000, 1, None, None, small))[0] == "sequential"
+    assert auto_kind(torch.device("cuda"), Workload(20, 8000, 2, None, None, small))[0] == \
+        "vectorised"
