@@ -186,7 +186,8 @@ def test_auto_picks_grouped_where_it_measured_faster():
     assert 5e6 < small < 50e6 < large      # cfl_convnet at batch 10 against fedavg_cnn
     assert auto_kind(cpu, Workload(20, 8000, 2, None, None, small))[0] == "grouped"
     assert auto_kind(cpu, Workload(10, 6000, 2, None, None, large))[0] == "processes"
-    assert auto_kind(cpu, Workload(10, 6000, 1, None, None, large))[0] == "grouped"
+    assert auto_kind(cpu, Workload(10, 6000, 1, None, None, small))[0] == "grouped"
+    assert auto_kind(cpu, Workload(10, 6000, 1, None, None, large))[0] == "sequential"
     assert auto_kind(cpu, Workload(10, 6000, 1, None, "batch norm", small))[0] == "sequential"
     assert auto_kind(cpu, Workload(1, 6000, 1, None, None, small))[0] == "sequential"
     assert auto_kind(torch.device("cuda"), Workload(20, 8000, 2, None, None, small))[0] == \

@@ -36,6 +36,9 @@ MIN_SAMPLES_FOR_PROCESSES = 2000
 # a step) 2.8x one thread; at batch 128 (164 MFLOP), cnn_femnist_tiny at batch 20 and
 # fedavg_cnn at batch 10 (0.4 and 0.7 GFLOP) 1.05-1.3x, less than two workers' 1.9x.
 MAX_STEP_FLOPS_FOR_GROUPED = 50e6
+# With one core, against one thread: grouped was 1.05-1.07x at 164 and 375 MFLOP a step
+# (cfl_convnet at batch 128, cnn_femnist_tiny at 20) and 0.72x at 724 (fedavg_cnn at 10).
+MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE = 400e6
 
 
 @dataclass(frozen=True)
@@ -68,13 +71,15 @@ def resolve_device(name: str) -> torch.device:
 
 def auto_kind(device: torch.device, workload: Workload | None) -> tuple[str, str]:
     """`auto`'s executor and why: vectorised on CUDA; on a CPU, for a model the grouped
-    executor trains and rounds of several clients, grouped with one core, or with several
-    where a local step is small (MAX_STEP_FLOPS_FOR_GROUPED); else worker processes where the
-    run may use several cores, for a round of several clients and enough samples; else
+    executor trains and rounds of several clients, grouped where a local step is small
+    (MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE with one core, else MAX_STEP_FLOPS_FOR_GROUPED);
+    else worker processes where the run may use several cores, for a round of several clients
+    and enough samples; else
     sequential.
 
     Grouped against one thread (docs/benchmarks.md, `benchmarks/batched.py`, one core's share
-    of a busy 2-core machine): faster on every small CNN measured, most at small batches.
+    of a busy 2-core machine): 2.8x at cfl_convnet's batch 10, 1.05-1.07x at 0.16-0.4 GFLOP
+    a step, 0.72x for fedavg_cnn at batch 10.
 
     Measured (docs/benchmarks.md, 2 cores): on a quiet machine two single-threaded workers beat
     one two-threaded process (FedAvg CNN at batch 50: 2.89 against 3.29 s a round); when other
@@ -86,8 +91,9 @@ def auto_kind(device: torch.device, workload: Workload | None) -> tuple[str, str
     if workload is None:
         return "sequential", "CPU"
     if workload.grouped_obstacle is None and workload.clients_per_round >= 2:
-        if workload.cores < 2:
-            return "grouped", "one core, a model the grouped executor trains"
+        one_core = workload.step_flops <= MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE
+        if workload.cores < 2 and one_core:
+            return "grouped", f"one core, local steps of {workload.step_flops / 1e6:.0f} MFLOP"
         if workload.step_flops <= MAX_STEP_FLOPS_FOR_GROUPED:
             return "grouped", (f"local steps of {workload.step_flops / 1e6:.0f} MFLOP: grouping "
                                f"clients gains more than a second core")
