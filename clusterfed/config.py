@@ -48,7 +48,8 @@ DEFAULTS: dict[str, Any] = {
         "privacy_secret_file": None,  # or a file of the clients' secret (clusterfed secret new)
         "device": "auto",       # "auto" (CUDA when available, else cpu), "cpu", "cuda", "cuda:1"
         "executor": "auto",     # "auto" (see sim/choice.py), "sequential", "vectorised" (many
-                                # clients at once with torch.func.vmap), "processes" (one
+                                # clients at once with torch.func.vmap), "grouped" (a round's
+                                # clients as one wider model, for CPUs), "processes" (one
                                 # single-threaded worker process per core)
         "workers": None,        # processes: worker count (default: run.threads, else the cores)
     },
@@ -208,9 +209,10 @@ def validate(config: Mapping[str, Any]) -> None:
                           f"got {target!r}")
     if not isinstance(ev["every"], int) or ev["every"] < 1:
         raise ConfigError(f"eval.every must be a positive integer, got {ev['every']!r}")
-    if config["run"]["executor"] not in ("auto", "sequential", "vectorised", "processes"):
+    if config["run"]["executor"] not in ("auto", "sequential", "vectorised", "grouped",
+                                         "processes"):
         raise ConfigError(f"unknown run.executor {config['run']['executor']!r}; valid: auto, "
-                          "sequential, vectorised, processes")
+                          "sequential, vectorised, grouped, processes")
     workers = config["run"]["workers"]
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
                                 or workers < 1):

@@ -37,3 +37,13 @@ def cli(capsys: Any, *argv: str) -> tuple[int, str, str]:
         code = int(exit_.code or 0)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def uneven_digits() -> Any:
+    """Digits, 6 clients of unequal sizes (quantity skew), so step counts and last batches
+    differ: the executors that batch clients must mask and regroup them."""
+    from clusterfed.data import build_federation, load_dataset
+    return build_federation(load_dataset("digits"),
+                            {"kind": "label_swap", "clients": 6, "clusters": 2,
+                             "samples_per_client": 40, "test_samples_per_client": 15,
+                             "quantity_skew": 0.6}, seed=1)

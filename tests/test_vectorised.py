@@ -9,13 +9,12 @@ import logging
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import tiny_config, uneven_digits
 from torch import nn
 
 from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.tasks import ClientTask, LossSpec, TaskKind, TrainSpec
 from clusterfed.client.work import evaluate
-from clusterfed.data import build_federation, load_dataset
 from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel, build_model
 from clusterfed.sim.batched import evaluate_clients, evaluate_models
@@ -29,11 +28,7 @@ SEED = 5
 
 @pytest.fixture(scope="module")
 def federation():
-    """Digits, 6 clients of unequal sizes (quantity skew), so last batches differ in size."""
-    data = load_dataset("digits")
-    return build_federation(data, {"kind": "label_swap", "clients": 6, "clusters": 2,
-                                   "samples_per_client": 40, "test_samples_per_client": 15,
-                                   "quantity_skew": 0.6}, seed=1)
+    return uneven_digits()
 
 
 def executors(federation, module=None, max_clients=None, transform=None):

@@ -8,25 +8,37 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from clusterfed.client.privacy import ParameterTransform
 from clusterfed.data.scenarios import Federation
 from clusterfed.errors import ConfigError
 from clusterfed.models.flat import FlatModel
+from clusterfed.models.grouped import grouped_obstacle
 from clusterfed.sim.executor import Executor, SequentialExecutor
+from clusterfed.sim.grouped import GroupedExecutor
 from clusterfed.sim.processes import ProcessExecutor, process_obstacle, usable_cores
 from clusterfed.sim.sampling import clients_per_round
 from clusterfed.sim.vectorised import VectorisedExecutor
 
 log = logging.getLogger("clusterfed")
 
-EXECUTORS = ("auto", "sequential", "vectorised", "processes")
+EXECUTORS = ("auto", "sequential", "vectorised", "grouped", "processes")
 # `auto` picks worker processes on a CPU when the run may use several cores and a round trains
 # at least this many clients (two workers need two tasks) ...
 MIN_CLIENTS_FOR_PROCESSES = 2
 # ... through at least this many samples of local SGD: below it a round takes milliseconds,
 # and starting the workers (0.1 s and up, the first pool of a process 1 to 2 s) would not pay.
 MIN_SAMPLES_FOR_PROCESSES = 2000
+# The grouped executor (one process, one thread) where its gain over one thread is larger than
+# two workers': a local step of at most this many training FLOPs per client (batch x forward
+# and backward per sample). Measured (docs/benchmarks.md): cfl_convnet at batch 10 (13 MFLOP
+# a step) 2.8x one thread; at batch 128 (164 MFLOP), cnn_femnist_tiny at batch 20 and
+# fedavg_cnn at batch 10 (0.4 and 0.7 GFLOP) 1.05-1.3x, less than two workers' 1.9x.
+MAX_STEP_FLOPS_FOR_GROUPED = 50e6
+# With one core, against one thread: grouped was 1.05-1.07x at 164 and 375 MFLOP a step
+# (cfl_convnet at batch 128, cnn_femnist_tiny at 20) and 0.72x at 724 (fedavg_cnn at 10).
+MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE = 400e6
 
 
 @dataclass(frozen=True)
@@ -37,6 +49,10 @@ class Workload:
     samples_per_round: int      # training samples a round's local SGD goes through
     cores: int                  # usable cores, capped by the run's threads
     obstacle: str | None        # why tasks must stay in one process (module state), or None
+    # Why the grouped executor cannot train the model (None: it can), and one client's
+    # training FLOPs per local step.
+    grouped_obstacle: str | None = "not weighed"
+    step_flops: float = float("inf")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -54,8 +70,16 @@ def resolve_device(name: str) -> torch.device:
 
 
 def auto_kind(device: torch.device, workload: Workload | None) -> tuple[str, str]:
-    """`auto`'s executor and why: vectorised on CUDA; worker processes on a CPU where the run
-    may use several cores, for a round of several clients and enough samples; else sequential.
+    """`auto`'s executor and why: vectorised on CUDA; on a CPU, for a model the grouped
+    executor trains and rounds of several clients, grouped where a local step is small
+    (MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE with one core, else MAX_STEP_FLOPS_FOR_GROUPED);
+    else worker processes where the run may use several cores, for a round of several clients
+    and enough samples; else
+    sequential.
+
+    Grouped against one thread (docs/benchmarks.md, `benchmarks/batched.py`, one core's share
+    of a busy 2-core machine): 2.8x at cfl_convnet's batch 10, 1.05-1.07x at 0.16-0.4 GFLOP
+    a step, 0.72x for fedavg_cnn at batch 10.
 
     Measured (docs/benchmarks.md, 2 cores): on a quiet machine two single-threaded workers beat
     one two-threaded process (FedAvg CNN at batch 50: 2.89 against 3.29 s a round); when other
@@ -66,6 +90,13 @@ def auto_kind(device: torch.device, workload: Workload | None) -> tuple[str, str
         return "vectorised", "CUDA"
     if workload is None:
         return "sequential", "CPU"
+    if workload.grouped_obstacle is None and workload.clients_per_round >= 2:
+        one_core = workload.step_flops <= MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE
+        if workload.cores < 2 and one_core:
+            return "grouped", f"one core, local steps of {workload.step_flops / 1e6:.0f} MFLOP"
+        if workload.step_flops <= MAX_STEP_FLOPS_FOR_GROUPED:
+            return "grouped", (f"local steps of {workload.step_flops / 1e6:.0f} MFLOP: grouping "
+                               f"clients gains more than a second core")
     if workload.cores < 2:
         return "sequential", "one core (usable cores, capped by run.threads or torch's threads)"
     if workload.obstacle:
@@ -98,8 +129,20 @@ def workload(run: Mapping[str, Any], train: Mapping[str, Any], model: FlatModel,
     # The run's thread budget caps the workers: run.threads, else torch's threads (which follow
     # OMP_NUM_THREADS), so a run told to keep to one core does.
     budget = int(run["threads"]) if run.get("threads") else torch.get_num_threads()
+    batch = int(train.get("batch_size") or 1)
+    grouped = grouped_obstacle(model.module)
+    flops = step_flops(model, tuple(federation.input_shape), batch) if grouped is None \
+        else float("inf")
     return Workload(k, int(k * per_client), min(usable_cores(), budget),
-                    process_obstacle(model.module))
+                    process_obstacle(model.module), grouped, flops)
+
+
+def step_flops(model: FlatModel, input_shape: tuple[int, ...], batch: int) -> float:
+    """Training FLOPs of one local step of `batch` samples: 3 forward passes' worth."""
+    x = torch.zeros(1, *input_shape)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(model.initial_vector(), x)
+    return 3.0 * counter.get_total_flops() * batch
 
 
 def build_executor(run: Mapping[str, Any], model: FlatModel, federation: Federation, seed: int,
@@ -125,4 +168,6 @@ def build_executor(run: Mapping[str, Any], model: FlatModel, federation: Federat
     if kind == "vectorised":
         return VectorisedExecutor(model, federation, seed, transform, validation_fraction,
                                   device)
+    if kind == "grouped":
+        return GroupedExecutor(model, federation, seed, transform, validation_fraction, device)
     return SequentialExecutor(model, federation, seed, transform, validation_fraction, device)

@@ -211,10 +211,23 @@ class VectorisedExecutor(SequentialExecutor):
         if self.obstacle:
             self._notice(self.obstacle)
 
+    label = "vectorised executor"
+
     def _notice(self, reason: str) -> None:
         if reason not in self._noticed:
             self._noticed.add(reason)
-            log.warning("vectorised executor: %s; running those tasks sequentially", reason)
+            log.warning("%s: %s; running those tasks sequentially", self.label, reason)
+
+    def _group_key(self, task: ClientTask) -> tuple[TrainSpec, int]:
+        """Tasks of one key train together: here the spec and the number of local steps."""
+        assert task.train is not None
+        return task.train, task.train.num_steps(len(self.train[task.client][1]))
+
+    def _chunks(self, spec: TrainSpec, members: list[int], tasks: Sequence[ClientTask]
+                ) -> list[list[int]]:
+        """A group's tasks (indices) in the chunks that go through one call each."""
+        size = self._clients_per_call(spec)
+        return [members[start:start + size] for start in range(0, len(members), size)]
 
     def run(self, tasks: Sequence[ClientTask], round_index: int, step: int = 0
             ) -> list[ClientResult]:
@@ -229,22 +242,19 @@ class VectorisedExecutor(SequentialExecutor):
             elif task.kind is TaskKind.TRAIN:
                 if task.train is None:
                     raise ValueError("a train task needs a TrainSpec")
-                n = len(self.train[task.client][1])
-                groups.setdefault((task.train, task.train.num_steps(n)), []).append(i)
+                groups.setdefault(self._group_key(task), []).append(i)
             elif np.ndim(task.params) == 2 and len(task.params) > 1:
                 results[i] = self._many_models(task, round_index, step)
             else:
                 sequential.append(i)   # one model: nothing to vectorise over
         self._uploaded = None   # shared only within one call: arrays may change in between
         for (spec, _), members in groups.items():
-            size = self._clients_per_call(spec)
-            for start in range(0, len(members), size):
-                chunk = members[start:start + size]
+            for chunk in self._chunks(spec, members, tasks):
                 trained = self._train_group([tasks[i] for i in chunk], spec, round_index, step)
                 for i, result in zip(chunk, trained, strict=True):
                     results[i] = result
         if sequential:
-            done = super().run([tasks[i] for i in sequential], round_index, step)
+            done = SequentialExecutor.run(self, [tasks[i] for i in sequential], round_index, step)
             for i, result in zip(sequential, done, strict=True):
                 results[i] = result
         assert all(r is not None for r in results)
@@ -299,6 +309,11 @@ class VectorisedExecutor(SequentialExecutor):
             self._uploaded = (params, torch.as_tensor(self._params_of(params)).to(self.device))
         return self._uploaded[1]
 
+    def _evaluate_many(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """(losses, accuracies) of the (k, d) models `w` on (x, y)."""
+        return evaluate_models(self.model, w, x, y)
+
     def _many_models(self, task: ClientTask, round_index: int, step: int) -> ClientResult:
         """LOSSES (the LossSpec's data) or EVALUATE (test data) of k models, vmapped by chunks."""
         w = self._stack(task.params)
@@ -307,11 +322,11 @@ class VectorisedExecutor(SequentialExecutor):
             train = self.train[task.client]
             x, y = loss_data(train, self.test[task.client], task.loss,
                              self.generator(task.client, round_index, step))
-            loss, _ = evaluate_models(self.model, w, x, y)
+            loss, _ = self._evaluate_many(w, x, y)
             # The client's compute time, as run_task reports it (LCFL's cost figures).
             meta = {**task.meta, "seconds": time.perf_counter() - began}
             return ClientResult(task.client, task.kind, len(train[1]), losses=loss, meta=meta)
         x, y = self.test[task.client]
-        loss, acc = evaluate_models(self.model, w, x, y)
+        loss, acc = self._evaluate_many(w, x, y)
         return ClientResult(task.client, task.kind, len(y), losses=loss, accuracies=acc,
                             loss=float(loss[0]), meta=task.meta)

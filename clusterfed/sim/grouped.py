@@ -1,0 +1,220 @@
+"""The grouped executor: a round's clients trained together as one wider model, on a CPU.
+
+`vmap` over stacked parameters (the vectorised executor) was slower than the sequential loop
+on this project's CPU. Here the K clients of a group are one model K times as wide
+(`models.grouped.GroupedModel`): one grouped convolution (`groups=K`, the clients' channels
+stacked, channels-last) and one batched matmul per layer, so a step costs a few large calls
+instead of K rounds of small ones. Groups are sized so that the widest layer's activations
+stay about `ACTIVATION_FLOATS` (measured: larger groups fall out of the cache and slow down).
+
+Equality with the sequential executor (`client.work.train`), to float tolerance:
+
+- each task draws its batch order from its own generator (`sim.sampling.task_seed`) with the
+  same `randperm` calls (`vectorised.batch_plan`);
+- clients of one TrainSpec train together whatever their sizes: sorted by step count, a
+  client that has taken all its steps leaves the group (the group is a shrinking prefix);
+  a client's short last batch is padded and masked, so its loss is the mean over its batch;
+- each step is `client.sgd.sgd_step` per parameter tensor (elementwise, as on the flat
+  vector); gradient clipping uses each client's norm over all its tensors.
+
+EVALUATE and LOSSES tasks with several models (IFCA's and LCFL's losses of every model on a
+client's data) run the models as one grouped model over the client's data, which the first
+layer reads once. Everything else (one-model evaluations, GRADIENT tasks, training extras such
+as FedProx, SCAFFOLD or Per-FedAvg, models with batch norm, dropout or a forward of their own)
+runs on the sequential path, with a logged notice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from clusterfed.client.privacy import ParameterTransform
+from clusterfed.client.sgd import sgd_step
+from clusterfed.client.tasks import ClientResult, ClientTask, TrainSpec
+from clusterfed.client.work import IGNORE_INDEX
+from clusterfed.data.scenarios import Federation
+from clusterfed.models.flat import FlatModel
+from clusterfed.models.grouped import GroupedModel, grouped_obstacle
+from clusterfed.sim.vectorised import VectorisedExecutor, batch_plan
+
+# Floats of the widest layer's output per group call. Measured on a 2-core EPYC (img per
+# CPU second, docs/benchmarks.md): the best group held about 1-2.5M (cfl_convnet at batch
+# 128: 5 clients; cnn_femnist_tiny at batch 20: 10; fedavg_cnn at batch 10: 5).
+ACTIVATION_FLOATS = 2 * 2**20
+
+
+def widest_activation(model: GroupedModel, input_shape: tuple[int, ...]) -> int:
+    """Floats of the widest layer output of one image through one copy."""
+    widest = math.prod(input_shape)
+    x = torch.zeros(1, 1, *input_shape)
+    params = [torch.zeros(1, *s) for s in model.shapes]
+    with torch.no_grad():
+        for out in model.activations(params, x):
+            widest = max(widest, out.numel())
+    return widest
+
+
+def group_size(widest: int, rows: int, budget: int = ACTIVATION_FLOATS) -> int:
+    """Copies per call, so that copies x rows x widest stays about `budget` (at least 1)."""
+    return max(1, budget // max(1, rows * widest))
+
+
+def _clip(grads: list[torch.Tensor], max_norm: float) -> list[torch.Tensor]:
+    """torch's clip_grad_norm_ rule per client (row), over all of its tensors."""
+    k = len(grads[0])
+    norm = torch.stack([g.reshape(k, -1).pow(2).sum(1) for g in grads]).sum(0).sqrt()
+    factor = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    return [g * factor.reshape(k, *[1] * (g.dim() - 1)) for g in grads]
+
+
+def train_grouped(model: GroupedModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                  plans: Sequence[np.ndarray], spec: TrainSpec
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Local SGD of K clients at once: (K, d) updates and (K,) mean batch losses.
+
+    `params` (K, d) starting points; `plans[k]` (steps_k, batch_k) rows of `x`/`y` (-1: pad),
+    in non-increasing order of steps_k, so the clients still training are a prefix.
+    """
+    k = len(plans)
+    steps = np.array([len(p) for p in plans])
+    assert np.all(np.diff(steps) <= 0), "plans must come longest first"
+    w = model.pack(params.detach())
+    velocity: list[torch.Tensor] | None = None
+    plain = dataclasses.replace(spec, clip_grad_norm=None)
+    total = torch.zeros(k, dtype=torch.float64, device=params.device)
+    for s in range(int(steps[0])):
+        active = int((steps > s).sum())
+        width = max(plans[i].shape[1] for i in range(active))
+        index = np.full((active, width), -1, dtype=np.int64)
+        for i in range(active):
+            index[i, :plans[i].shape[1]] = plans[i][s]
+        valid = torch.from_numpy(index >= 0).to(params.device)
+        rows = torch.from_numpy(np.where(index >= 0, index, 0)).to(params.device)
+        leaves = [t[:active].detach().requires_grad_(True) for t in w]
+        logits = model(leaves, x[rows])                      # (active, width, classes, ...)
+        target = y[rows]
+        per = F.cross_entropy(logits.flatten(0, 1), target.flatten(0, 1), reduction="none")
+        per = per.reshape(active, width, *per.shape[1:])
+        weight = (valid.reshape(active, width, *[1] * (per.dim() - 2))
+                  & (target != IGNORE_INDEX)).to(per.dtype)
+        count = weight.reshape(active, -1).sum(1)
+        losses = (per * weight).reshape(active, -1).sum(1) / count.clamp(min=1)
+        grads = list(torch.autograd.grad(losses.sum(), leaves))
+        if spec.clip_grad_norm:
+            grads = _clip(grads, spec.clip_grad_norm)
+        moved = []
+        for j, (leaf, grad) in enumerate(zip(leaves, grads, strict=True)):
+            new, v = sgd_step(leaf.detach(), grad,
+                              None if velocity is None else velocity[j][:active], plain)
+            w[j][:active] = new
+            moved.append(v)
+        if spec.momentum:
+            if velocity is None:     # the first step: every client is active
+                velocity = [v.clone() for v in moved]
+            else:
+                for j, v in enumerate(moved):
+                    velocity[j][:active] = v
+        total[:active] += losses.detach().double()
+    updates = model.unpack(w) - params
+    return updates, total / torch.as_tensor(steps, dtype=torch.float64, device=total.device)
+
+
+@torch.no_grad()
+def evaluate_grouped(model: GroupedModel, stacked: torch.Tensor, x: torch.Tensor,
+                     y: torch.Tensor, widest: int, budget: int = ACTIVATION_FLOATS
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """(losses, accuracies) of each of M models (rows of `stacked`) on one client's (x, y).
+
+    The models go through in groups that share each chunk of the data: the first layer reads
+    a chunk once for the whole group. Groups and chunks are sized so that a call holds about
+    `budget` floats of the widest activation.
+    """
+    m = stacked.shape[0]
+    n = len(y)
+    loss_sum = torch.zeros(m, dtype=torch.float64, device=stacked.device)
+    correct = torch.zeros(m, dtype=torch.float64, device=stacked.device)
+    rows = max(1, min(n, budget // widest)) if n else 1
+    per_call = group_size(widest, rows, budget)
+    for first in range(0, m if n else 0, per_call):
+        params = model.pack(stacked[first:first + per_call])
+        g = len(params[0])
+        for start in range(0, n, rows):
+            target = y[start:start + rows]
+            logits = model.forward_shared(params, x[start:start + rows])   # (g, rows, ...)
+            expanded = target.expand(g, *target.shape)
+            per = F.cross_entropy(logits.flatten(0, 1), expanded.flatten(0, 1),
+                                  reduction="none").reshape(g, -1)
+            loss_sum[first:first + g] += per.sum(1).double()
+            correct[first:first + g] += (logits.argmax(2) == expanded).reshape(g, -1).sum(1
+                                                                                     ).double()
+    scored = float(max(int((y != IGNORE_INDEX).sum()), 1))
+    return loss_sum.cpu().numpy() / scored, correct.cpu().numpy() / scored
+
+
+class GroupedExecutor(VectorisedExecutor):
+    """Trains a round's plain-SGD clients as grouped models; multi-model evaluations too.
+
+    `max_clients` caps the clients per group (default: sized by `ACTIVATION_FLOATS`).
+    The vectorised executor's `run` sorts the tasks; the groups and their arithmetic are
+    this class's.
+    """
+
+    label = "grouped executor"
+
+    def __init__(self, model: FlatModel, federation: Federation, seed: int,
+                 transform: ParameterTransform | None = None,
+                 validation_fraction: float = 0.0, device: str | torch.device = "cpu",
+                 max_clients: int | None = None) -> None:
+        super().__init__(model, federation, seed, transform, validation_fraction, device,
+                         max_clients)
+        self.obstacle = grouped_obstacle(model.module)
+        if self.obstacle:
+            self._notice(self.obstacle)
+            return
+        self.grouped = GroupedModel(model.module)
+        self.widest = widest_activation(self.grouped, tuple(federation.input_shape))
+
+    def _group_key(self, task: ClientTask) -> tuple[TrainSpec, int]:
+        """One group per spec, whatever the clients' step counts."""
+        assert task.train is not None
+        return task.train, 0
+
+    def _chunks(self, spec: TrainSpec, members: list[int], tasks: Sequence[ClientTask]
+                ) -> list[list[int]]:
+        # Longest first: within a chunk, the clients still training are a prefix.
+        members = sorted(members,
+                         key=lambda i: -spec.num_steps(len(self.train[tasks[i].client][1])))
+        size = self.max_clients or group_size(self.widest, spec.batch_size)
+        return [members[start:start + size] for start in range(0, len(members), size)]
+
+    def _train_group(self, tasks: Sequence[ClientTask], spec: TrainSpec, round_index: int,
+                     step: int) -> list[ClientResult]:
+        data = [self.train[t.client] for t in tasks]
+        sizes = [len(y) for _, y in data]
+        steps = [spec.num_steps(n) for n in sizes]
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        plans = [np.where(p >= 0, p + o, -1) for p, o in zip(
+            (batch_plan(n, spec, s, self.generator(t.client, round_index, step))
+             for n, s, t in zip(sizes, steps, tasks, strict=True)), offsets, strict=True)]
+        x = torch.cat([x for x, _ in data])
+        y = torch.cat([y for _, y in data])
+        params = torch.as_tensor(np.stack([self._params(t) for t in tasks])).to(self.device)
+        updates, losses = train_grouped(self.grouped, params, x, y, plans, spec)
+        out = []
+        for t, n, s, update, loss in zip(tasks, sizes, steps, updates.cpu().numpy(),
+                                         losses.tolist(), strict=True):
+            if self.transform is not None:
+                update = self.transform.forward(update)
+            out.append(ClientResult(t.client, t.kind, n, update=update, loss=loss,
+                                    meta={**t.meta, "local_steps": s}))
+        return out
+
+    def _evaluate_many(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        return evaluate_grouped(self.grouped, w, x, y, self.widest)

@@ -1,0 +1,194 @@
+"""The grouped executor (clients as one wider model) against the sequential executor, on CPU."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import numpy as np
+import pytest
+import torch
+from helpers import tiny_config, uneven_digits
+from torch import nn
+
+from clusterfed.client.privacy import ParameterTransform
+from clusterfed.client.tasks import ClientTask, LocalObjective, LossSpec, TaskKind, TrainSpec
+from clusterfed.models import FlatModel, build_model
+from clusterfed.models.grouped import GroupedModel, grouped_obstacle
+from clusterfed.sim.executor import SequentialExecutor
+from clusterfed.sim.grouped import GroupedExecutor
+from clusterfed.sim.simulation import Simulation, initial_params
+
+SEED = 5
+
+
+@pytest.fixture(scope="module")
+def federation():
+    return uneven_digits()
+
+
+def executors(federation, module=None, max_clients=None, transform=None):
+    module = module or build_model("digits_cnn", federation.input_shape, federation.n_classes)
+    initial_params(module, 0)
+    seq = SequentialExecutor(FlatModel(copy.deepcopy(module)), federation, SEED, transform)
+    grp = GroupedExecutor(FlatModel(copy.deepcopy(module)), federation, SEED, transform,
+                          max_clients=max_clients)
+    return seq, grp, FlatModel(module).initial_vector().numpy()
+
+
+def assert_same(seq_results, grp_results):
+    assert len(seq_results) == len(grp_results)
+    for a, b in zip(seq_results, grp_results, strict=True):
+        untimed = [{k: v for k, v in r.meta.items() if k != "seconds"} for r in (a, b)]
+        assert (a.client, a.kind, a.num_samples, untimed[0]) == \
+            (b.client, b.kind, b.num_samples, untimed[1])
+        for name in ("update", "losses"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None) == (y is None), name
+            if x is not None:
+                np.testing.assert_allclose(y, x, rtol=1e-4, atol=2e-6, err_msg=name)
+        if a.accuracies is not None:
+            np.testing.assert_array_equal(b.accuracies, a.accuracies)
+        np.testing.assert_allclose(b.loss, a.loss, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("name", "shape"), [
+    ("cfl_convnet", (1, 28, 28)), ("cnn_femnist_tiny", (1, 28, 28)), ("digits_cnn", (1, 8, 8)),
+    ("lenet5", (3, 32, 32)), ("mlp", (1, 28, 28)), ("fedavg_cnn", (1, 28, 28)),
+    ("cnn_cifar_small", (3, 32, 32)), ("cnn5_cifar", (3, 32, 32))])
+def test_grouped_model_equals_each_copy(name, shape):
+    module = build_model(name, shape, 10, normalize={"mean": [0.5] * shape[0],
+                                                      "std": [0.25] * shape[0]})
+    flat, grouped = FlatModel(module), GroupedModel(module)
+    gen = torch.Generator().manual_seed(0)
+    w = flat.initial_vector() + 0.01 * torch.randn(3, flat.size, generator=gen)
+    x = torch.randn(3, 4, *shape, generator=gen)
+    params = grouped.pack(w)
+    assert torch.equal(grouped.unpack(params), w)
+    each = torch.stack([flat(w[k], x[k]) for k in range(3)])
+    torch.testing.assert_close(grouped(params, x), each, rtol=1e-5, atol=1e-6)
+    shared = torch.stack([flat(w[k], x[0]) for k in range(3)])
+    torch.testing.assert_close(grouped.forward_shared(params, x[0]), shared, rtol=1e-5,
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("spec", [
+    TrainSpec(lr=0.1, batch_size=8, epochs=2),            # unequal sizes: steps and batches
+    TrainSpec(lr=0.05, batch_size=6, epochs=None, steps=7, momentum=0.9, weight_decay=1e-3),
+    TrainSpec(lr=0.05, batch_size=5, epochs=1, momentum=0.5, weight_decay=1e-2),
+    TrainSpec(lr=0.5, batch_size=50, epochs=1, clip_grad_norm=0.3),   # batch > every client
+])
+@pytest.mark.parametrize("max_clients", [None, 4])
+def test_training_equals_sequential(federation, spec, max_clients):
+    torch.set_num_threads(1)
+    seq, grp, w0 = executors(federation, max_clients=max_clients)
+    rng = np.random.default_rng(0)
+    # Different starting points per client, as in a clustered round; clients out of order.
+    tasks = [ClientTask(c, TaskKind.TRAIN, (w0 + 0.01 * rng.standard_normal(w0.shape)
+                                            ).astype(np.float32), spec, {"leaf": c % 2})
+             for c in (4, 0, 2, 5, 1, 3)]
+    steps = {spec.num_steps(n) for n in seq.train_sizes().tolist()}
+    assert spec.steps or len(steps) > 1   # clients leave the group at different steps
+    assert_same(seq.run(tasks, 3, 1), grp.run(tasks, 3, 1))
+
+
+def test_mlp_and_privacy_and_mixed_tasks_equal_sequential(federation):
+    module = build_model("mlp", federation.input_shape, 10, hidden=[32])
+    size = FlatModel(module).size
+    transform = ParameterTransform.from_seed("signed_permutation", 9, size)
+    seq, grp, w0 = executors(federation, module=module, max_clients=2, transform=transform)
+    w0 = transform.forward(w0)
+    rng = np.random.default_rng(1)
+    stacked = (w0 + 0.05 * rng.standard_normal((3, len(w0)))).astype(np.float32)
+    spec = TrainSpec(lr=0.1, batch_size=10)
+    tasks = [ClientTask(0, TaskKind.LOSSES, stacked),
+             ClientTask(1, TaskKind.TRAIN, w0, spec),
+             ClientTask(1, TaskKind.EVALUATE, stacked),
+             ClientTask(2, TaskKind.GRADIENT, w0),
+             ClientTask(3, TaskKind.TRAIN, stacked[0], spec),
+             ClientTask(4, TaskKind.EVALUATE, w0),
+             ClientTask(5, TaskKind.TRAIN, w0, TrainSpec(lr=0.1, batch_size=4, steps=3,
+                                                          epochs=None))]
+    assert_same(seq.run(tasks, 0), grp.run(tasks, 0))
+
+
+@pytest.mark.parametrize("spec", [None, LossSpec("train+test"), LossSpec("train", max_samples=9)])
+def test_many_models_are_grouped_and_equal_sequential(federation, monkeypatch, spec):
+    seq, grp, w0 = executors(federation)
+    stacked = (w0 + 0.05 * np.random.default_rng(2).standard_normal((40, len(w0)))
+               ).astype(np.float32)
+    tasks = [ClientTask(c, TaskKind.LOSSES, stacked, loss=spec) for c in (3, 0, 5)]
+    tasks += [ClientTask(c, TaskKind.EVALUATE, stacked[:5]) for c in (1, 2)]
+    expected = seq.run(tasks, 4, 1)
+    fallback, sequential = [], SequentialExecutor.run
+    monkeypatch.setattr(SequentialExecutor, "run", lambda self, tasks, *a: fallback.extend(
+        t.client for t in tasks) or sequential(self, tasks, *a))
+    # A small budget: models in several groups, data in several chunks.
+    monkeypatch.setattr("clusterfed.sim.grouped.ACTIVATION_FLOATS", 3000)
+    grp.widest = 512
+    assert_same(expected, grp.run(tasks, 4, 1))
+    assert fallback == []
+
+
+def test_objectives_and_batch_norm_fall_back_to_sequential(federation, caplog, monkeypatch):
+    seq, grp, w0 = executors(federation)
+    grouped_calls = []
+    original = GroupedExecutor._train_group
+    monkeypatch.setattr(GroupedExecutor, "_train_group", lambda self, tasks, *a: (
+        grouped_calls.extend(t.client for t in tasks) or original(self, tasks, *a)))
+    spec = TrainSpec(lr=0.1, batch_size=10)
+    tasks = [ClientTask(0, TaskKind.TRAIN, w0, spec, objective=LocalObjective(prox_mu=0.1)),
+             ClientTask(1, TaskKind.TRAIN, w0, spec,
+                        objective=LocalObjective(correction=np.ones_like(w0) * 1e-3)),
+             ClientTask(2, TaskKind.TRAIN, w0, spec, objective=LocalObjective(maml="fo")),
+             ClientTask(3, TaskKind.TRAIN, w0, spec)]
+    with caplog.at_level(logging.WARNING, logger="clusterfed"):
+        assert_same(seq.run(tasks, 0), grp.run(tasks, 0))
+    assert grouped_calls == [3]
+    assert "'objective'" in caplog.text and "sequentially" in caplog.text
+
+    for module in (nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.BatchNorm1d(16),
+                                 nn.ReLU(), nn.Linear(16, 10)),
+                   nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Dropout(0.5),
+                                 nn.Linear(16, 10))):
+        assert grouped_obstacle(module) is not None
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="clusterfed"):
+            seq, grp, w0 = executors(federation, module=module)
+        assert "grouped executor" in caplog.text
+        grouped_calls.clear()
+        tasks = [ClientTask(c, TaskKind.TRAIN, w0, spec) for c in range(3)]
+        torch.manual_seed(0)
+        expected = seq.run(tasks, 0)
+        torch.manual_seed(0)   # dropout draws from the global generator on both paths
+        assert_same(expected, grp.run(tasks, 0))
+        assert grouped_calls == []
+
+
+def test_simulation_with_the_grouped_executor_equals_sequential():
+    results = {}
+    for kind in ("sequential", "grouped"):
+        cfg = tiny_config("fedavg", train={"rounds": 2}, run={"executor": kind, "device": "cpu",
+                                                               "threads": 1})
+        sim = Simulation(cfg)
+        assert type(sim.executor).__name__.lower().startswith(kind)
+        results[kind] = (sim.run(), sim.algorithm.clusters(sim.state).models)
+    (a, ma), (b, mb) = results["sequential"], results["grouped"]
+    np.testing.assert_allclose(mb, ma, rtol=1e-4, atol=1e-6)
+    assert b["final"]["mean_loss"] == pytest.approx(a["final"]["mean_loss"], rel=1e-4)
+
+
+def test_auto_picks_grouped_where_it_measured_faster():
+    from clusterfed.sim.choice import Workload, auto_kind, step_flops
+    cpu = torch.device("cpu")
+    small = step_flops(FlatModel(build_model("cfl_convnet", (1, 28, 28), 10)), (1, 28, 28), 10)
+    large = step_flops(FlatModel(build_model("fedavg_cnn", (1, 28, 28), 10)), (1, 28, 28), 10)
+    assert 5e6 < small < 50e6 < large      # cfl_convnet at batch 10 against fedavg_cnn
+    assert auto_kind(cpu, Workload(20, 8000, 2, None, None, small))[0] == "grouped"
+    assert auto_kind(cpu, Workload(10, 6000, 2, None, None, large))[0] == "processes"
+    assert auto_kind(cpu, Workload(10, 6000, 1, None, None, small))[0] == "grouped"
+    assert auto_kind(cpu, Workload(10, 6000, 1, None, None, large))[0] == "sequential"
+    assert auto_kind(cpu, Workload(10, 6000, 1, None, "batch norm", small))[0] == "sequential"
+    assert auto_kind(cpu, Workload(1, 6000, 1, None, None, small))[0] == "sequential"
+    assert auto_kind(torch.device("cuda"), Workload(20, 8000, 2, None, None, small))[0] == \
+        "vectorised"
