@@ -305,10 +305,8 @@ def test_auto_picks_processes_for_rounds_of_several_clients_on_several_cores():
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two usable cores")
-def test_auto_in_a_simulation_weighs_the_config(monkeypatch):
-    # 20 clients x 3 epochs of about 70 images a round: workers pay, within the run's threads
-    # (where grouping the clients would not: tests/test_grouped.py checks that rule).
-    monkeypatch.setattr("clusterfed.sim.choice.MAX_STEP_FLOPS_FOR_GROUPED", 0.0)
+def test_auto_in_a_simulation_weighs_the_config():
+    # 20 clients x 3 epochs of about 70 images a round: workers pay, within the run's threads.
     busy = {"scenario": {"kind": "label_swap", "clients": 20, "clusters": 4},
             "train": {"participation": 1.0, "local_epochs": 3}}
     sim = Simulation(tiny_config(**busy, run={"threads": 2}))

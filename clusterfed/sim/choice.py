@@ -30,11 +30,13 @@ MIN_CLIENTS_FOR_PROCESSES = 2
 # ... through at least this many samples of local SGD: below it a round takes milliseconds,
 # and starting the workers (0.1 s and up, the first pool of a process 1 to 2 s) would not pay.
 MIN_SAMPLES_FOR_PROCESSES = 2000
-# The grouped executor (one process, one thread) where its gain over one thread is larger than
-# two workers': a local step of at most this many training FLOPs per client (batch x forward
-# and backward per sample). Measured (docs/benchmarks.md): cfl_convnet at batch 10 (13 MFLOP
-# a step) 2.8x one thread; at batch 128 (164 MFLOP), cnn_femnist_tiny at batch 20 and
-# fedavg_cnn at batch 10 (0.4 and 0.7 GFLOP) 1.05-1.3x, less than two workers' 1.9x.
+# `auto` never picks the grouped executor: its sums run in another order, so its results equal
+# sequential's only to float tolerance, and a run's figures would then depend on the machine
+# and differ from a Flower node's. It suggests it instead, where grouping measured faster than
+# what `auto` picked: a local step of at most this many training FLOPs per client (batch x
+# forward and backward per sample). Measured (docs/benchmarks.md): cfl_convnet at batch 10
+# (13 MFLOP a step) 2.8x one thread; at batch 128 (164 MFLOP), cnn_femnist_tiny at batch 20
+# and fedavg_cnn at batch 10 (0.4 and 0.7 GFLOP) 1.05-1.3x, less than two workers' 1.9x.
 MAX_STEP_FLOPS_FOR_GROUPED = 50e6
 # With one core, against one thread: grouped was 1.05-1.07x at 164 and 375 MFLOP a step
 # (cfl_convnet at batch 128, cnn_femnist_tiny at 20) and 0.72x at 724 (fedavg_cnn at 10).
@@ -70,16 +72,9 @@ def resolve_device(name: str) -> torch.device:
 
 
 def auto_kind(device: torch.device, workload: Workload | None) -> tuple[str, str]:
-    """`auto`'s executor and why: vectorised on CUDA; on a CPU, for a model the grouped
-    executor trains and rounds of several clients, grouped where a local step is small
-    (MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE with one core, else MAX_STEP_FLOPS_FOR_GROUPED);
-    else worker processes where the run may use several cores, for a round of several clients
-    and enough samples; else
-    sequential.
-
-    Grouped against one thread (docs/benchmarks.md, `benchmarks/batched.py`, one core's share
-    of a busy 2-core machine): 2.8x at cfl_convnet's batch 10, 1.05-1.07x at 0.16-0.4 GFLOP
-    a step, 0.72x for fedavg_cnn at batch 10.
+    """`auto`'s executor and why: vectorised on CUDA; on a CPU, worker processes where the run
+    may use several cores, for a round of several clients and enough samples; else sequential.
+    Both CPU choices give a one-thread sequential run's results bit for bit.
 
     Measured (docs/benchmarks.md, 2 cores): on a quiet machine two single-threaded workers beat
     one two-threaded process (FedAvg CNN at batch 50: 2.89 against 3.29 s a round); when other
@@ -90,13 +85,6 @@ def auto_kind(device: torch.device, workload: Workload | None) -> tuple[str, str
         return "vectorised", "CUDA"
     if workload is None:
         return "sequential", "CPU"
-    if workload.grouped_obstacle is None and workload.clients_per_round >= 2:
-        one_core = workload.step_flops <= MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE
-        if workload.cores < 2 and one_core:
-            return "grouped", f"one core, local steps of {workload.step_flops / 1e6:.0f} MFLOP"
-        if workload.step_flops <= MAX_STEP_FLOPS_FOR_GROUPED:
-            return "grouped", (f"local steps of {workload.step_flops / 1e6:.0f} MFLOP: grouping "
-                               f"clients gains more than a second core")
     if workload.cores < 2:
         return "sequential", "one core (usable cores, capped by run.threads or torch's threads)"
     if workload.obstacle:
@@ -107,6 +95,22 @@ def auto_kind(device: torch.device, workload: Workload | None) -> tuple[str, str
         return "sequential", f"{workload.samples_per_round} training samples a round"
     return "processes", (f"{workload.cores} cores, {workload.clients_per_round} clients and "
                          f"{workload.samples_per_round} training samples a round")
+
+
+def grouped_advice(device: torch.device, workload: Workload | None) -> str | None:
+    """Why `run.executor=grouped` would likely be faster than `auto`'s pick, or None: on a CPU,
+    for a model it trains and rounds of several clients, where a local step is small
+    (MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE with one core, else MAX_STEP_FLOPS_FOR_GROUPED)."""
+    if device.type != "cpu" or workload is None or workload.grouped_obstacle is not None \
+            or workload.clients_per_round < 2:
+        return None
+    limit = MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE if workload.cores < 2 \
+        else MAX_STEP_FLOPS_FOR_GROUPED
+    if workload.step_flops > limit:
+        return None
+    return (f"run.executor=grouped would likely be faster here (local steps of "
+            f"{workload.step_flops / 1e6:.0f} MFLOP); its results equal these to float "
+            f"tolerance, not bit for bit")
 
 
 def executor_kind(name: str, device: torch.device, workload: Workload | None = None) -> str:
@@ -155,6 +159,8 @@ def build_executor(run: Mapping[str, Any], model: FlatModel, federation: Federat
     work = workload(run, train, model, federation) if train is not None else None
     kind = executor_kind(name, device, work)
     why = f" (auto: {auto_kind(device, work)[1]})" if name == "auto" else ""
+    if name == "auto" and (advice := grouped_advice(device, work)):
+        log.info("executor: %s", advice)
     if kind == "processes":
         if device.type != "cpu":
             raise ConfigError(f"run.executor=processes runs on the CPU; run.device is {device}")
