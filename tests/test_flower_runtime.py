@@ -20,7 +20,6 @@ from flower_grid import LoopbackGrid  # noqa: E402
 from flwr.app import Array, Message  # noqa: E402
 from helpers import comparable  # noqa: E402
 
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind, TrainSpec  # noqa: E402
 from clusterfed.errors import ClusterfedError  # noqa: E402
 from clusterfed.flower import node, wire  # noqa: E402
 from clusterfed.flower.app import APP_TOML  # noqa: E402
@@ -29,6 +28,7 @@ from clusterfed.flower.launch import run_config_for  # noqa: E402
 from clusterfed.flower.server_app import run_experiment  # noqa: E402
 from clusterfed.sim.outputs import read_jsonl  # noqa: E402
 from clusterfed.sim.simulation import Simulation, run_config  # noqa: E402
+from clusterfed.tasks import ClientResult, ClientTask, TaskKind, TrainSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,10 +73,11 @@ def test_every_task_kind_crosses_the_wire_unchanged(kind, rows):
     spec = TrainSpec(lr=0.1, batch_size=4, epochs=None, steps=3, momentum=0.5)
     task = ClientTask(5, kind, params, spec if kind is TaskKind.TRAIN else None,
                       meta={"cluster": 2, "tag": "left", "weight": 0.25, "fresh": True,
-                            "np": np.int64(4)})
+                            "np": np.int64(4)}, id=9)
     back, r, step, text = wire.decode_task(wire.encode_task(task, 7, 1, '{"a": 1}'))
     assert (r, step, text) == (7, 1, '{"a": 1}')
     assert back.kind is kind and back.client == 5 and back.train == task.train
+    assert back.id == 9
     assert back.params.dtype == np.float32 and np.array_equal(back.params, params)
     assert back.meta == {"cluster": 2, "tag": "left", "weight": 0.25, "fresh": True, "np": 4}
 
@@ -84,7 +85,8 @@ def test_every_task_kind_crosses_the_wire_unchanged(kind, rows):
 def test_results_cross_the_wire_with_every_field():
     result = ClientResult(3, TaskKind.EVALUATE, 40, update=np.arange(4, dtype=np.float32),
                           loss=float("nan"), losses=np.array([0.5, 1.5]),
-                          accuracies=np.array([0.9, 0.1]), meta={"cluster": 1})
+                          accuracies=np.array([0.9, 0.1]), meta={"cluster": 1},
+                          task_id=17)
     back = wire.decode_result(wire.encode_result(result))
     for f in dataclasses.fields(ClientResult):
         a, b = getattr(result, f.name), getattr(back, f.name)
@@ -106,6 +108,7 @@ def test_replies_with_wrong_shapes_or_nan_are_named():
     assert "NaN" in wire.check_result(task, nan)
     other = dataclasses.replace(ok, client=2)
     assert "not client 1" in wire.check_result(task, other)
+    assert "not task -1" in wire.check_result(task, dataclasses.replace(ok, task_id=4))
     losses = ClientTask(1, TaskKind.LOSSES, np.zeros((3, 6), np.float32))
     two = ClientResult(1, TaskKind.LOSSES, 10, losses=np.ones(2))
     assert "expected (3,)" in wire.check_result(losses, two)

@@ -26,11 +26,11 @@ import numpy as np
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from clusterfed.client.tasks import ClientResult, ClientTask
 from clusterfed.data.scenarios import ClientData, Federation
 from clusterfed.errors import ClusterfedError
 from clusterfed.flower import membership, wire
 from clusterfed.sim.simulation import InitialModels
+from clusterfed.tasks import ClientResult, ClientTask
 
 log = logging.getLogger("clusterfed.flower")
 

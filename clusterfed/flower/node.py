@@ -33,7 +33,6 @@ import torch
 
 from clusterfed import config as cfg
 from clusterfed.client.secret import read_secret_file, secret_id
-from clusterfed.client.tasks import ClientResult, ClientTask
 from clusterfed.clustering.metrics import NO_TRUTH
 from clusterfed.data import own
 from clusterfed.data.scenarios import Federation
@@ -47,6 +46,7 @@ from clusterfed.sim.simulation import (
     initial_params,
     privacy_transform,
 )
+from clusterfed.tasks import ClientResult, ClientTask
 
 # Node config keys (flower-supernode --node-config 'partition-id=0 num-partitions=6 ...').
 PARTITION_ID = "partition-id"

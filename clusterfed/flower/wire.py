@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
+from clusterfed.tasks import ClientResult, ClientTask, TaskKind
 
 # Message types: `<category>.<action>` routes to the ClientApp function of that name.
 HELLO = "query.hello"        # which client do you serve, and what do you hold?
@@ -184,6 +184,8 @@ def expected_shapes(task: ClientTask) -> dict[str, tuple[int, ...]]:
 
 def check_result(task: ClientTask, result: ClientResult) -> str | None:
     """Why `result` is not an acceptable answer to `task`, or None when it is."""
+    if result.task_id != task.id:
+        return f"answers task {result.task_id}, not task {task.id}"
     if result.client != task.client or result.kind is not task.kind:
         return (f"answers client {result.client} {result.kind.value}, "
                 f"not client {task.client} {task.kind.value}")

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 
 from clusterfed.algorithms.base import ClusterView
-from clusterfed.client.tasks import ClientTask, TaskKind, TrainSpec, match_results
 from clusterfed.clustering.metrics import has_truth, truth_scores
 from clusterfed.sim.executor import Executor
+from clusterfed.tasks import ClientTask, TaskKind, TrainSpec, match_results, numbered
 
 log = logging.getLogger("clusterfed")
 
@@ -49,8 +49,8 @@ def evaluate_adapted(executor: Executor, view: ClusterView, spec: TrainSpec, rou
     whose result never came (a silent node) is not scored: NaN, as in any evaluation it misses.
     """
     n = len(view.assignment)
-    tasks = [ClientTask(c, TaskKind.TRAIN, view.models[view.assignment[c]], spec)
-             for c in range(n)]
+    tasks = numbered([ClientTask(c, TaskKind.TRAIN, view.models[view.assignment[c]], spec)
+                      for c in range(n)], 0)
     out = np.full((n, 2), np.nan)
     for task, result in match_results(tasks, executor.run(tasks, round_index, ADAPTATION_STEP)):
         params = task.params

@@ -10,12 +10,12 @@ import numpy as np
 import torch
 
 from clusterfed.client.privacy import ParameterTransform
-from clusterfed.client.tasks import ClientResult, ClientTask
 from clusterfed.client.work import run_task
 from clusterfed.data.scenarios import Federation
 from clusterfed.models.flat import FlatModel
 from clusterfed.sim.batched import evaluate_clients
 from clusterfed.sim.sampling import task_seed
+from clusterfed.tasks import ClientResult, ClientTask
 
 
 class Executor(Protocol):

@@ -60,7 +60,6 @@ import torch
 from torch import nn
 
 from clusterfed.client.privacy import ParameterTransform
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
 from clusterfed.data.scenarios import ClientData, Federation
 from clusterfed.models.flat import FlatModel
 from clusterfed.sim.executor import SequentialExecutor
@@ -74,6 +73,7 @@ from clusterfed.sim.shared import (
     nbytes_of,
     unflatten,
 )
+from clusterfed.tasks import ClientResult, ClientTask, TaskKind
 
 log = logging.getLogger("clusterfed")
 

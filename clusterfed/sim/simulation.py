@@ -18,14 +18,6 @@ from clusterfed import config as cfg
 from clusterfed.algorithms import ClusterView, RoundContext, Setup, build_algorithm
 from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.secret import read_secret_file
-from clusterfed.client.tasks import (
-    OWN_MODEL,
-    ClientResult,
-    ClientTask,
-    TaskKind,
-    TrainSpec,
-    match_results,
-)
 from clusterfed.clustering.cfl_math import separation_gap
 from clusterfed.clustering.metrics import has_truth, truth_scores
 from clusterfed.data import Federation, build_federation, load_dataset, own
@@ -44,6 +36,15 @@ from clusterfed.sim.evaluation import (
 from clusterfed.sim.executor import Executor
 from clusterfed.sim.outputs import RunFolder, read_config
 from clusterfed.sim.sampling import sample_clients
+from clusterfed.tasks import (
+    OWN_MODEL,
+    ClientResult,
+    ClientTask,
+    TaskKind,
+    TrainSpec,
+    match_results,
+    numbered,
+)
 
 log = logging.getLogger("clusterfed")
 
@@ -188,6 +189,7 @@ class Simulation:
         # Protocol 'sampled_local': this round's sampled clients and their models from before it.
         self.previous_models: dict[int, np.ndarray] = {}
         self.round_sampled = np.arange(self.federation.num_clients)
+        self.next_id = 0   # the next task id of the round
 
     # One round -----------------------------------------------------------------------------
 
@@ -195,6 +197,7 @@ class Simulation:
                  events: list[dict[str, Any]]) -> list[ClientResult]:
         """Run tasks; drop results with NaN or Inf (logged), keep the rest."""
         # A remote executor may return fewer results than tasks (a client that never answered).
+        tasks = self._numbered(tasks)
         kept = []
         for task, result in match_results(tasks, self.executor.run(tasks, r, step)):
             if result.is_finite():
@@ -209,6 +212,12 @@ class Simulation:
                 events.append({"round": r + 1, "type": "rejected_result", "client": result.client,
                                "task": result.kind.value, "reason": "non-finite values"})
         return kept
+
+    def _numbered(self, tasks: Sequence[ClientTask]) -> list[ClientTask]:
+        """The tasks with ids unique within the round (the count restarts every round)."""
+        out = numbered(tasks, self.next_id)
+        self.next_id += len(out)
+        return out
 
     def _executor_events(self) -> list[dict[str, Any]]:
         """Events a remote executor logged (missing clients, rejected replies, joins)."""
@@ -230,6 +239,7 @@ class Simulation:
         sampled = sample_clients(self.config["seed"], r, self.federation.num_clients,
                                  train["participation"])
         ctx = RoundContext(r, sampled, self.spec.decayed(float(train["lr_decay"]), r))
+        self.next_id = 0
         if self.config["eval"]["protocol"] == "sampled_local":
             assert self.own_models is not None
             self.round_sampled = sampled

@@ -41,19 +41,19 @@ from torch.func import grad_and_value, vmap
 
 from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.sgd import sgd_step
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind, TrainSpec
 from clusterfed.client.work import IGNORE_INDEX, loss_data
 from clusterfed.data.scenarios import Federation
 from clusterfed.models.flat import FlatModel
 from clusterfed.sim.batched import evaluate_models
 from clusterfed.sim.executor import SequentialExecutor
+from clusterfed.tasks import ClientResult, ClientTask, TaskKind, TrainSpec
 
 log = logging.getLogger("clusterfed")
 
 # What this executor knows how to run; anything else on a task is an extra it must not drop.
 PLAIN_SPEC_FIELDS = frozenset({"lr", "batch_size", "epochs", "steps", "momentum",
                                "weight_decay", "clip_grad_norm"})
-PLAIN_TASK_FIELDS = frozenset({"client", "kind", "params", "train", "meta", "loss"})
+PLAIN_TASK_FIELDS = frozenset({"client", "kind", "params", "train", "meta", "loss", "id"})
 # Bytes of working memory per vmap call: all clients' parameters, gradients, velocities and
 # activations together. On CUDA, a quarter of the free memory.
 CPU_BUDGET_BYTES = 512 * 2**20
@@ -289,7 +289,7 @@ class VectorisedExecutor(SequentialExecutor):
             if self.transform is not None:
                 update = self.transform.forward(update)
             out.append(ClientResult(t.client, t.kind, n, update=update, loss=loss,
-                                    meta={**t.meta, "local_steps": steps}))
+                                    meta={**t.meta, "local_steps": steps}, task_id=t.id))
         return out
 
     def _stack(self, params: np.ndarray) -> torch.Tensor:
@@ -310,8 +310,9 @@ class VectorisedExecutor(SequentialExecutor):
             loss, _ = evaluate_models(self.model, w, x, y)
             # The client's compute time, as run_task reports it (LCFL's cost figures).
             meta = {**task.meta, "seconds": time.perf_counter() - began}
-            return ClientResult(task.client, task.kind, len(train[1]), losses=loss, meta=meta)
+            return ClientResult(task.client, task.kind, len(train[1]), losses=loss, meta=meta,
+                                task_id=task.id)
         x, y = self.test[task.client]
         loss, acc = evaluate_models(self.model, w, x, y)
         return ClientResult(task.client, task.kind, len(y), losses=loss, accuracies=acc,
-                            loss=float(loss[0]), meta=task.meta)
+                            loss=float(loss[0]), meta=task.meta, task_id=task.id)
