@@ -126,16 +126,56 @@ class LossSpec:
             raise ConfigError(f"max_samples must be positive or null, got {self.max_samples}")
 
 
+SPLITS = ("test", "validation")
+
+
+def _floats(values: Sequence[float] | None) -> tuple[float, ...] | None:
+    return None if values is None else tuple(float(v) for v in values)
+
+
+@dataclass(frozen=True)
+class SignatureSpec:
+    """How a client computes its data signature in a SIGNATURE task (PACFL).
+
+    p: singular vectors kept (per class, or of all data); per_class: one block per class;
+    center: subtract the mean first; mean, std: per-channel normalisation of the raw data
+    (None: none); svd: the decomposition's method; seed: its random source (randomized SVD);
+    budget: the most samples decomposed (None: all).
+    """
+
+    p: int = 3
+    per_class: bool = True
+    center: bool = False
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    svd: str = "auto"
+    seed: int = 0
+    budget: int | None = None
+
+    def __post_init__(self) -> None:
+        # Lists (from a wire or a config) become tuples: the record stays hashable.
+        object.__setattr__(self, "mean", _floats(self.mean))
+        object.__setattr__(self, "std", _floats(self.std))
+        if self.p < 1:
+            raise ConfigError(f"a signature keeps at least one vector, got p={self.p}")
+        if self.budget is not None and self.budget < 1:
+            raise ConfigError(f"the signature budget must be positive or null, "
+                              f"got {self.budget}")
+
+
 @dataclass(frozen=True)
 class ClientTask:
     """One unit of work for one client.
 
     `params` is one flat model (1-D) or several stacked (2-D: models x parameters).
-    `meta` is the algorithm's own bookkeeping (such as a cluster id), returned untouched
-    (a TRAIN result adds "local_steps", the number of SGD or meta steps it took). A TRAIN task whose
-    meta[OWN_MODEL] is false trains a model that is not the client's own (one of IFCA's
+    `meta` is the planner's own opaque bookkeeping (such as a cluster id), returned untouched
+    (a TRAIN result adds "local_steps", the number of SGD or meta steps it took); no runtime
+    reads it. What a kind needs is a typed field:
+    `train` and `objective` (TRAIN): the local SGD; None objective is plain SGD on the loss.
+    `own_model` (TRAIN): False when the model trained is not the client's own (one of IFCA's
     candidate sets that it does not serve): the 'local' evaluation protocols skip it.
-    `objective`, for TRAIN only: None is plain SGD on the loss; see LocalObjective.
+    `loss` (LOSSES): which data; `signature` (SIGNATURE): how; `split` (EVALUATE): which data,
+    'test' or 'validation' (the held-out part of the training data).
     `id`: unique within the round, given by the runtime (`numbered`); -1 until then.
     """
 
@@ -147,10 +187,14 @@ class ClientTask:
     objective: LocalObjective | None = None
     loss: LossSpec | None = None          # LOSSES: which data (default: all training data)
     id: int = -1
+    own_model: bool = True
+    signature: SignatureSpec | None = None   # SIGNATURE: how (default: SignatureSpec())
+    split: str = "test"
 
+    def __post_init__(self) -> None:
+        if self.split not in SPLITS:
+            raise ConfigError(f"an evaluation split is one of {SPLITS}, got {self.split!r}")
 
-# TRAIN task meta: 0 marks a candidate model that is not the client's own (see ClientTask).
-OWN_MODEL = "own_model"
 
 
 @dataclass(frozen=True)

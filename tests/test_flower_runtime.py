@@ -28,7 +28,14 @@ from clusterfed.flower.launch import run_config_for  # noqa: E402
 from clusterfed.flower.server_app import run_experiment  # noqa: E402
 from clusterfed.sim.outputs import read_jsonl  # noqa: E402
 from clusterfed.sim.simulation import Simulation, run_config  # noqa: E402
-from clusterfed.tasks import ClientResult, ClientTask, TaskKind, TrainSpec  # noqa: E402
+from clusterfed.tasks import (  # noqa: E402
+    ClientResult,
+    ClientTask,
+    LossSpec,
+    SignatureSpec,
+    TaskKind,
+    TrainSpec,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -71,13 +78,21 @@ def test_every_task_kind_crosses_the_wire_unchanged(kind, rows):
     rng = np.random.default_rng(0)
     params = rng.normal(size=(rows, 7) if rows else 7).astype(np.float32)
     spec = TrainSpec(lr=0.1, batch_size=4, epochs=None, steps=3, momentum=0.5)
-    task = ClientTask(5, kind, params, spec if kind is TaskKind.TRAIN else None,
-                      meta={"cluster": 2, "tag": "left", "weight": 0.25, "fresh": True,
-                            "np": np.int64(4)}, id=9)
+    typed = {TaskKind.TRAIN: {"train": spec, "own_model": False},
+             TaskKind.SIGNATURE: {"signature": SignatureSpec(p=2, per_class=False, center=True,
+                                                             mean=(0.5, 0.25), std=(2.0, 1.0),
+                                                             svd="randomized", seed=3,
+                                                             budget=50)},
+             TaskKind.LOSSES: {"loss": LossSpec("train+test", max_samples=7)},
+             TaskKind.EVALUATE: {"split": "validation"}}.get(kind, {})
+    task = ClientTask(5, kind, params, meta={"cluster": 2, "tag": "left", "weight": 0.25,
+                                             "fresh": True, "np": np.int64(4)}, id=9, **typed)
     back, r, step, text = wire.decode_task(wire.encode_task(task, 7, 1, '{"a": 1}'))
     assert (r, step, text) == (7, 1, '{"a": 1}')
     assert back.kind is kind and back.client == 5 and back.train == task.train
     assert back.id == 9
+    for name in ("own_model", "signature", "loss", "split"):
+        assert getattr(back, name) == getattr(task, name), name
     assert back.params.dtype == np.float32 and np.array_equal(back.params, params)
     assert back.meta == {"cluster": 2, "tag": "left", "weight": 0.25, "fresh": True, "np": 4}
 

@@ -33,6 +33,7 @@ from clusterfed.tasks import (
     ClientTask,
     LocalObjective,
     LossSpec,
+    SignatureSpec,
     TaskKind,
     TrainSpec,
     numbered,
@@ -101,13 +102,15 @@ def mixed_tasks(size: int) -> list[ClientTask]:
                    objective=LocalObjective(prox_mu=0.1, correction=model())),
         ClientTask(1, TaskKind.TRAIN, model(), TrainSpec(lr=0.05, batch_size=4, epochs=2),
                    objective=LocalObjective(maml="hf")),
-        ClientTask(4, TaskKind.TRAIN, model(), spec, meta={"cluster": 2, "own_model": 0}),
+        ClientTask(4, TaskKind.TRAIN, model(), spec, meta={"cluster": 2},
+                   own_model=False),
         ClientTask(3, TaskKind.GRADIENT, shared),
         ClientTask(5, TaskKind.LOSSES, stack, loss=LossSpec("train+test", max_samples=9)),
         ClientTask(0, TaskKind.LOSSES, stack),
         ClientTask(2, TaskKind.EVALUATE, stack[:2]),
         ClientTask(1, TaskKind.EVALUATE, shared),
-        ClientTask(3, TaskKind.SIGNATURE, np.zeros(1, np.float32), meta={"p": 2}),
+        ClientTask(3, TaskKind.SIGNATURE, np.zeros(1, np.float32),
+                   signature=SignatureSpec(p=2, center=True)),
     ], 5)
 
 

@@ -21,7 +21,7 @@ from clusterfed.sim.batched import evaluate_clients, evaluate_models
 from clusterfed.sim.choice import executor_kind, resolve_device
 from clusterfed.sim.executor import SequentialExecutor
 from clusterfed.sim.simulation import Simulation, initial_params
-from clusterfed.sim.vectorised import VectorisedExecutor, batch_plan, module_obstacle
+from clusterfed.sim.vectorised import VectorisedExecutor, batch_plan, module_obstacle, task_obstacle
 from clusterfed.tasks import ClientTask, LossSpec, TaskKind, TrainSpec, numbered
 
 SEED = 5
@@ -170,6 +170,8 @@ def test_tasks_with_unknown_extras_run_sequentially(federation, caplog, monkeypa
     assert "'mu'" in caplog.text and "'control'" in caplog.text
     assert vec.run([plain], 0) == ["vmap"]   # an extra at its default value is vectorised
     assert len(calls) == 1
+    # IFCA's candidate sets (not the client's own model) train like any plain task.
+    assert task_obstacle(dataclasses.replace(plain, own_model=False, id=3)) is None
 
 
 def test_batch_plan_matches_the_sequential_order():

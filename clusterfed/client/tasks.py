@@ -2,16 +2,16 @@
 
 from clusterfed.tasks import (
     MAML_VARIANTS,
-    OWN_MODEL,
     ClientResult,
     ClientTask,
     LocalObjective,
     LossSpec,
+    SignatureSpec,
     TaskKind,
     TrainSpec,
     match_results,
     numbered,
 )
 
-__all__ = ["MAML_VARIANTS", "OWN_MODEL", "ClientResult", "ClientTask", "LocalObjective", "LossSpec",
-           "TaskKind", "TrainSpec", "match_results", "numbered"]
+__all__ = ["MAML_VARIANTS", "ClientResult", "ClientTask", "LocalObjective", "LossSpec",
+           "SignatureSpec", "TaskKind", "TrainSpec", "match_results", "numbered"]

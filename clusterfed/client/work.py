@@ -18,6 +18,7 @@ from clusterfed.tasks import (
     ClientTask,
     LocalObjective,
     LossSpec,
+    SignatureSpec,
     TaskKind,
     TrainSpec,
 )
@@ -232,23 +233,14 @@ def run_task(model: FlatModel, task: ClientTask, train_xy: tuple[torch.Tensor, t
                         loss=pairs[0][0], meta=task.meta, task_id=task.id)
 
 
-def _floats(text: object) -> list[float] | None:
-    """'0.1,0.2' -> [0.1, 0.2]: per-channel values travel in task meta as text."""
-    return None if text in (None, "") else [float(v) for v in str(text).split(",")]
-
-
 def signature_result(task: ClientTask, x: torch.Tensor, y: torch.Tensor) -> ClientResult:
-    """PACFL's data signature; only U and its column labels leave the client.
-
-    meta: p, per_class (0/1), center (0/1), mean and std ('m1,m2,...'), svd, seed,
-    budget (optional).
-    """
-    meta = task.meta
+    """PACFL's data signature, as the task's SignatureSpec says; only U and its column labels
+    leave the client."""
+    spec = task.signature or SignatureSpec()
     u, labels = client_signature(
-        x.cpu().numpy(), y.cpu().numpy(), p=int(meta.get("p", 3)),
-        per_class=bool(meta.get("per_class", 1)), center=bool(meta.get("center", 0)),
-        mean=_floats(meta.get("mean")), std=_floats(meta.get("std")),
-        svd=str(meta.get("svd", "auto")), seed=int(meta.get("seed", 0)),
-        budget=int(meta["budget"]) if meta.get("budget") is not None else None)
+        x.cpu().numpy(), y.cpu().numpy(), p=spec.p, per_class=spec.per_class,
+        center=spec.center, mean=None if spec.mean is None else list(spec.mean),
+        std=None if spec.std is None else list(spec.std), svd=spec.svd, seed=spec.seed,
+        budget=spec.budget)
     return ClientResult(task.client, task.kind, len(y), signature=u.astype(np.float32),
                         signature_labels=labels, meta=task.meta, task_id=task.id)

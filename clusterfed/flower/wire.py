@@ -2,8 +2,10 @@
 
 Nothing here knows an algorithm or a task kind: the kind travels by its value, `meta` as a
 ConfigRecord of its own, every array field of the records in an ArrayRecord under the field's
-name (1-D or 2-D, any dtype), and every scalar field by its name. A task kind or a result field
-added to `clusterfed.client.tasks` travels without a change here.
+name (1-D or 2-D, any dtype), every scalar field by its name (the task id and its result's
+`task_id` included) and every typed per-kind record (TrainSpec, LocalObjective, LossSpec,
+SignatureSpec) as a record of its own. A task kind, a field or a per-kind record added to
+`clusterfed.tasks` travels without a change here.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ ARRAYS, FIELDS, META, TRAIN, METRICS, RUN = "arrays", "fields", "meta", "train",
 
 
 def _plain(value: Any) -> Any:
-    """numpy scalars -> Python scalars, which Flower's records accept."""
+    """numpy scalars -> Python scalars and tuples -> lists, which Flower's records accept."""
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
     return value.item() if isinstance(value, np.generic) else value
 
 

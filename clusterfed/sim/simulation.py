@@ -37,7 +37,6 @@ from clusterfed.sim.executor import Executor
 from clusterfed.sim.outputs import RunFolder, read_config
 from clusterfed.sim.sampling import sample_clients
 from clusterfed.tasks import (
-    OWN_MODEL,
     ClientResult,
     ClientTask,
     TaskKind,
@@ -203,7 +202,7 @@ class Simulation:
             if result.is_finite():
                 kept.append(result)
                 if (result.kind is TaskKind.TRAIN and self.own_models is not None
-                        and task.meta.get(OWN_MODEL, True)):
+                        and task.own_model):
                     trained = task.params + result.update
                     self.own_models[result.client] = trained.astype(np.float32)
             else:
