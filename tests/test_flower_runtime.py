@@ -254,7 +254,7 @@ def test_a_node_computes_on_the_configured_device(monkeypatch, device, cuda, exp
     # No GPU here: CUDA's availability is faked and the executor only records its device.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     chosen = []
-    monkeypatch.setattr(node, "SequentialExecutor", lambda *args, device="cpu", **kw:
+    monkeypatch.setattr(node, "ClientRuntime", lambda *args, device="cpu", **kw:
                         chosen.append(torch.device(device)))
     config = flower_config({"name": "fedavg"})
     config["run"]["device"] = device

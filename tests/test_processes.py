@@ -235,7 +235,7 @@ def test_flattened_records_share_arrays_and_come_back_whole():
 
 
 def record_kinds(executor: ProcessExecutor, seen: set[str]) -> None:
-    """Note the kind of every task the executor runs."""
+    """Note the kind of every task the executor runs (the evaluation protocol's included)."""
     run = executor.run
 
     def recording(tasks, *args):
@@ -247,14 +247,16 @@ def record_kinds(executor: ProcessExecutor, seen: set[str]) -> None:
 
 @pytest.mark.parametrize("config, kinds", [
     (tiny_config("fedavg", train={"rounds": 2}, run={"privacy": "signed_permutation"}),
-     {"train"}),
+     {"train", "evaluate"}),
     (tiny_config("cfl", train={"rounds": 3, "participation": 1.0},
-                 eval={"protocol": "best_of_path", "validation_fraction": 0.2}), {"train"}),
+                 eval={"protocol": "best_of_path", "validation_fraction": 0.2}),
+     {"train", "evaluate"}),
     (merge(tiny_config("lcfl", train={"rounds": 3, "batch_size": 20}),
            {"algorithm": {"name": "lcfl", "k": 2, "warmup_rounds": 2,
-                          "loss_data": "train+test", "loss_samples": 12}}), {"train", "losses"}),
+                          "loss_data": "train+test", "loss_samples": 12}}),
+     {"train", "losses", "evaluate"}),
     (merge(tiny_config("ifca", train={"rounds": 2}), {"algorithm": {"name": "ifca", "k": 2}}),
-     {"train", "losses"}),
+     {"train", "losses", "evaluate"}),
 ], ids=["fedavg", "cfl", "lcfl", "ifca"])
 def test_a_run_in_worker_processes_equals_the_sequential_run(config, kinds):
     out, seen = {}, set()

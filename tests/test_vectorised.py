@@ -12,12 +12,12 @@ import torch
 from helpers import tiny_config
 from torch import nn
 
+from clusterfed.client.batched import evaluate_clients, evaluate_models
 from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.work import evaluate
 from clusterfed.data import build_federation, load_dataset
 from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel, build_model
-from clusterfed.sim.batched import evaluate_clients, evaluate_models
 from clusterfed.sim.choice import executor_kind, resolve_device
 from clusterfed.sim.executor import SequentialExecutor
 from clusterfed.sim.simulation import Simulation, initial_params

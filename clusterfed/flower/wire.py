@@ -25,8 +25,7 @@ from clusterfed.tasks import ClientResult, ClientTask, TaskKind
 # Message types: `<category>.<action>` routes to the ClientApp function of that name.
 HELLO = "query.hello"        # which client do you serve, and what do you hold?
 INITIAL = "query.initial"    # the initial model (draw i) in the clients' P-space (privacy)
-TASK = "train.task"          # run one ClientTask (any kind)
-EVALUATE = "evaluate.model"  # (loss, accuracy) of one model on the client's test/validation data
+TASK = "train.task"          # run one ClientTask (any kind, EVALUATE included)
 
 ARRAYS, FIELDS, META, TRAIN, METRICS, RUN = "arrays", "fields", "meta", "train", "metrics", "run"
 
@@ -209,21 +208,6 @@ def check_result(task: ClientTask, result: ClientResult) -> str | None:
 
 
 # Evaluation and discovery ------------------------------------------------------------------
-
-def encode_evaluate(params: np.ndarray, client: int, split: str, config_json: str,
-                    partition: int | None = None) -> RecordDict:
-    return RecordDict({
-        ARRAYS: _array_record({"params": np.ascontiguousarray(params)}),
-        FIELDS: ConfigRecord({"client": int(client), "split": split}),
-        RUN: _run_record(config_json, partition),
-    })
-
-
-def decode_evaluate(content: RecordDict) -> tuple[np.ndarray, int, str, str]:
-    fields = content.config_records[FIELDS]
-    return (content.array_records[ARRAYS]["params"].numpy(), int(fields["client"]),
-            str(fields["split"]), str(content.config_records[RUN]["config"]))
-
 
 def encode_hello(config_json: str) -> RecordDict:
     return RecordDict({RUN: ConfigRecord({"config": config_json})})

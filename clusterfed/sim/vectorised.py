@@ -20,7 +20,7 @@ Models with batch-norm statistics, dropout or recurrent layers, and tasks carryi
 extras this executor does not know (any non-default field beyond the plain TrainSpec, or a
 non-scalar meta value), run on the sequential path with a logged notice, as do GRADIENT
 tasks and single-model evaluations. LOSSES and EVALUATE tasks with several models run as one
-vmap over the models (`sim.batched.evaluate_models`); a LOSSES task's LossSpec picks its data
+vmap over the models (`client.batched.evaluate_models`); a LOSSES task's LossSpec picks its data
 as `client.work.loss_data` does, from the same seeded generator.
 """
 
@@ -39,12 +39,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import grad_and_value, vmap
 
+from clusterfed.client.batched import evaluate_models
 from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.sgd import sgd_step
 from clusterfed.client.work import IGNORE_INDEX, loss_data
 from clusterfed.data.scenarios import Federation
 from clusterfed.models.flat import FlatModel
-from clusterfed.sim.batched import evaluate_models
 from clusterfed.sim.executor import SequentialExecutor
 from clusterfed.tasks import ClientResult, ClientTask, TaskKind, TrainSpec
 
@@ -313,7 +313,7 @@ class VectorisedExecutor(SequentialExecutor):
             meta = {**task.meta, "seconds": time.perf_counter() - began}
             return ClientResult(task.client, task.kind, len(train[1]), losses=loss, meta=meta,
                                 task_id=task.id)
-        x, y = self.test[task.client]
+        x, y = (self.test if task.split == "test" else self.validation)[task.client]
         loss, acc = evaluate_models(self.model, w, x, y)
         return ClientResult(task.client, task.kind, len(y), losses=loss, accuracies=acc,
                             loss=float(loss[0]), meta=task.meta, task_id=task.id)
