@@ -9,7 +9,7 @@ A row is timed through the clients' own task code (`run_task` with a 2-D LOSSES 
 all M rows would take too long, `--rows` of them are timed and the whole matrix is
 extrapolated as M x (seconds per row): the output says which figures are measured and which
 extrapolated. The assembly of d from the rows (`loss_distance.assemble`) is timed in full.
-One row is also timed through the vectorised executor's path (`sim.batched.evaluate_models`,
+One row is also timed through the vectorised executor's path (`client.batched.evaluate_models`,
 models vmapped in chunks of MIN_ROWS samples a model or more) beside the same path at one
 image a call, which is what it did when M exceeded its chunk of about 1,000 rows.
 
@@ -40,13 +40,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from clusterfed.client import batched
 from clusterfed.client.tasks import ClientTask, TaskKind
 from clusterfed.client.work import run_task
 from clusterfed.clustering import loss_distance as ld
 from clusterfed.data.scenarios import ClientData, Federation
 from clusterfed.models import FlatModel, build_model
 from clusterfed.models.grouped import GroupedModel
-from clusterfed.sim import batched
 from clusterfed.sim.grouped import evaluate_grouped, widest_activation
 from clusterfed.sim.processes import ProcessExecutor
 

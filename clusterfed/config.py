@@ -64,7 +64,7 @@ DEFAULTS: dict[str, Any] = {
 CLOSED_SECTIONS = {"train", "eval", "run", "compare"}
 # Changing one of these keys drops the base config's other keys of that section.
 KIND_KEYS = {"data": "dataset", "scenario": "kind", "model": "name", "algorithm": "name"}
-# "sampled_local": LCFL's authors' figure (sim/evaluation.py, `sampled_local_accuracy`).
+# "sampled_local": LCFL's authors' figure (sim/protocols.py, `SampledLocal`).
 EVAL_PROTOCOLS = ("cluster", "local", "best_of_path", "sampled_local", "min_test_loss")
 # Keys that keep their meaning when the section's kind changes.
 KIND_INDEPENDENT = {

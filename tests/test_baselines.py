@@ -22,7 +22,7 @@ from clusterfed.client.work import evaluate, meta_train, train
 from clusterfed.config import merge
 from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel, build_model
-from clusterfed.sim.evaluation import ADAPTATION_STEP
+from clusterfed.sim.protocols import ADAPTATION_STEP
 from clusterfed.sim.sampling import task_seed
 from clusterfed.sim.simulation import Simulation
 

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from clusterfed.client import ClientResult, ClientTask, TaskKind, TrainSpec, run_task
-from clusterfed.client.tasks import match_results
 from clusterfed.client.work import evaluate, gradient, losses, train
 from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel, build_model
+from clusterfed.tasks import match_results, numbered
 
 
 @pytest.fixture
@@ -177,21 +177,39 @@ def test_padded_targets_are_not_scored():
     assert acc == pytest.approx(correct / 4)
 
 
-def test_results_find_their_tasks_by_client_kind_and_meta():
+def test_results_find_their_tasks_by_id_alone():
     w = np.zeros(3, np.float32)
     spec = TrainSpec(lr=0.1, batch_size=4)
-    tasks = [ClientTask(0, TaskKind.TRAIN, w, spec, {"set": 0}),
-             ClientTask(0, TaskKind.TRAIN, w, spec, {"set": 1}),
-             ClientTask(1, TaskKind.TRAIN, w, spec, {"set": np.int64(0)}),
-             ClientTask(1, TaskKind.TRAIN, w, spec, {"set": 1}),
-             ClientTask(2, TaskKind.LOSSES, w)]
-    # Client 0's set 0 never answered; results add meta and may come in any order.
-    results = [ClientResult(1, TaskKind.TRAIN, 5, meta={"set": 1, "local_steps": 2}),
-               ClientResult(0, TaskKind.TRAIN, 5, meta={"set": 1, "local_steps": 2}),
-               ClientResult(1, TaskKind.TRAIN, 5, meta={"set": 0, "local_steps": 2}),
-               ClientResult(2, TaskKind.LOSSES, 5, meta={"seconds": 0.1})]
+    # Two tasks alike in client, kind and meta (nothing but the id tells them apart).
+    tasks = numbered([ClientTask(0, TaskKind.TRAIN, w, spec, {"set": 0}),
+                      ClientTask(0, TaskKind.TRAIN, w, spec, {"set": 0}),
+                      ClientTask(1, TaskKind.TRAIN, w, spec),
+                      ClientTask(2, TaskKind.LOSSES, w)], 10)
+    assert [t.id for t in tasks] == [10, 11, 12, 13]
+    # Task 10 never answered; results come in any order and carry other meta.
+    results = [ClientResult(2, TaskKind.LOSSES, 5, meta={"seconds": 0.1}, task_id=13),
+               ClientResult(0, TaskKind.TRAIN, 5, meta={}, task_id=11),
+               ClientResult(1, TaskKind.TRAIN, 5, task_id=12)]
     pairs = match_results(tasks, results)
-    assert [(t.client, t.meta["set"]) for t, _ in pairs[:3]] == [(1, 1), (0, 1), (1, 0)]
-    assert [r for _, r in pairs] == results and pairs[3][0] is tasks[4]
-    with pytest.raises(ValueError, match="client 3 answers none"):
-        match_results(tasks, [ClientResult(3, TaskKind.TRAIN, 5)])
+    assert [(t.id, r.task_id) for t, r in pairs] == [(11, 11), (12, 12), (13, 13)]
+    assert pairs[0][0] is tasks[1] and pairs[0][1] is results[1]
+    with pytest.raises(ValueError, match="answers task 9, which was not sent"):
+        match_results(tasks, [ClientResult(0, TaskKind.TRAIN, 5, task_id=9)])
+    with pytest.raises(ValueError, match="answered twice"):
+        match_results(tasks, [results[1], results[1]])
+    with pytest.raises(ValueError, match="its result is client 1"):
+        match_results(tasks, [ClientResult(1, TaskKind.TRAIN, 5, task_id=11)])
+    with pytest.raises(ValueError, match="has no id"):
+        match_results([ClientTask(0, TaskKind.TRAIN, w, spec)], [])
+    with pytest.raises(ValueError, match="share the id"):
+        match_results([tasks[0], tasks[0]], [])
+
+
+def test_run_task_answers_with_the_task_id():
+    flat = FlatModel(torch.nn.Linear(3, 2))
+    x, y = torch.randn(6, 3), torch.tensor([0, 1, 0, 1, 0, 1])
+    params = flat.initial_vector().numpy()
+    for kind in (TaskKind.TRAIN, TaskKind.GRADIENT, TaskKind.LOSSES, TaskKind.EVALUATE):
+        task = ClientTask(3, kind, params, TrainSpec(lr=0.1, batch_size=2), id=42)
+        result = run_task(flat, task, (x, y), (x, y), torch.Generator().manual_seed(0))
+        assert result.task_id == 42, kind

@@ -8,6 +8,7 @@ from helpers import tiny_config
 
 from clusterfed.algorithms import RoundContext, Setup, build_algorithm
 from clusterfed.algorithms.flhc import FLHC, clients_in_cluster, sample_in_cluster
+from clusterfed.client.runtime import evaluation_runs
 from clusterfed.client.tasks import ClientResult, TaskKind, TrainSpec
 from clusterfed.config import merge
 from clusterfed.errors import ConfigError
@@ -133,20 +134,23 @@ def test_the_first_n_rounds_are_fedavg_exactly():
 
 
 class RecordingExecutor:
-    """Wraps the simulator's executor and records which model each client is evaluated with."""
+    """Wraps the simulator's executor and records which model each client is evaluated with
+    (one entry per model sent to a run of EVALUATE tasks)."""
 
     def __init__(self, inner):
         self.inner, self.calls = inner, []
 
     def run(self, tasks, round_index, step=0):
+        for run in evaluation_runs(tasks):
+            if tasks[run[0]].kind is TaskKind.EVALUATE:
+                self.calls.append((tasks[run[0]].params.copy(), [tasks[i].client for i in run]))
         return self.inner.run(tasks, round_index, step)
 
     def train_sizes(self):
         return self.inner.train_sizes()
 
-    def evaluate(self, params, clients, split="test"):
-        self.calls.append((params.copy(), list(clients)))
-        return self.inner.evaluate(params, clients, split)
+    def test_sizes(self):
+        return self.inner.test_sizes()
 
 
 def test_every_client_is_evaluated_every_round_with_its_assigned_model():

@@ -20,7 +20,6 @@ from flower_grid import LoopbackGrid  # noqa: E402
 from flwr.app import Array, Message  # noqa: E402
 from helpers import comparable  # noqa: E402
 
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind, TrainSpec  # noqa: E402
 from clusterfed.errors import ClusterfedError  # noqa: E402
 from clusterfed.flower import node, wire  # noqa: E402
 from clusterfed.flower.app import APP_TOML  # noqa: E402
@@ -29,6 +28,14 @@ from clusterfed.flower.launch import run_config_for  # noqa: E402
 from clusterfed.flower.server_app import run_experiment  # noqa: E402
 from clusterfed.sim.outputs import read_jsonl  # noqa: E402
 from clusterfed.sim.simulation import Simulation, run_config  # noqa: E402
+from clusterfed.tasks import (  # noqa: E402
+    ClientResult,
+    ClientTask,
+    LossSpec,
+    SignatureSpec,
+    TaskKind,
+    TrainSpec,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -71,12 +78,21 @@ def test_every_task_kind_crosses_the_wire_unchanged(kind, rows):
     rng = np.random.default_rng(0)
     params = rng.normal(size=(rows, 7) if rows else 7).astype(np.float32)
     spec = TrainSpec(lr=0.1, batch_size=4, epochs=None, steps=3, momentum=0.5)
-    task = ClientTask(5, kind, params, spec if kind is TaskKind.TRAIN else None,
-                      meta={"cluster": 2, "tag": "left", "weight": 0.25, "fresh": True,
-                            "np": np.int64(4)})
+    typed = {TaskKind.TRAIN: {"train": spec, "own_model": False},
+             TaskKind.SIGNATURE: {"signature": SignatureSpec(p=2, per_class=False, center=True,
+                                                             mean=(0.5, 0.25), std=(2.0, 1.0),
+                                                             svd="randomized", seed=3,
+                                                             budget=50)},
+             TaskKind.LOSSES: {"loss": LossSpec("train+test", max_samples=7)},
+             TaskKind.EVALUATE: {"split": "validation"}}.get(kind, {})
+    task = ClientTask(5, kind, params, meta={"cluster": 2, "tag": "left", "weight": 0.25,
+                                             "fresh": True, "np": np.int64(4)}, id=9, **typed)
     back, r, step, text = wire.decode_task(wire.encode_task(task, 7, 1, '{"a": 1}'))
     assert (r, step, text) == (7, 1, '{"a": 1}')
     assert back.kind is kind and back.client == 5 and back.train == task.train
+    assert back.id == 9
+    for name in ("own_model", "signature", "loss", "split"):
+        assert getattr(back, name) == getattr(task, name), name
     assert back.params.dtype == np.float32 and np.array_equal(back.params, params)
     assert back.meta == {"cluster": 2, "tag": "left", "weight": 0.25, "fresh": True, "np": 4}
 
@@ -84,7 +100,8 @@ def test_every_task_kind_crosses_the_wire_unchanged(kind, rows):
 def test_results_cross_the_wire_with_every_field():
     result = ClientResult(3, TaskKind.EVALUATE, 40, update=np.arange(4, dtype=np.float32),
                           loss=float("nan"), losses=np.array([0.5, 1.5]),
-                          accuracies=np.array([0.9, 0.1]), meta={"cluster": 1})
+                          accuracies=np.array([0.9, 0.1]), meta={"cluster": 1},
+                          task_id=17)
     back = wire.decode_result(wire.encode_result(result))
     for f in dataclasses.fields(ClientResult):
         a, b = getattr(result, f.name), getattr(back, f.name)
@@ -106,6 +123,7 @@ def test_replies_with_wrong_shapes_or_nan_are_named():
     assert "NaN" in wire.check_result(task, nan)
     other = dataclasses.replace(ok, client=2)
     assert "not client 1" in wire.check_result(task, other)
+    assert "not task -1" in wire.check_result(task, dataclasses.replace(ok, task_id=4))
     losses = ClientTask(1, TaskKind.LOSSES, np.zeros((3, 6), np.float32))
     two = ClientResult(1, TaskKind.LOSSES, 10, losses=np.ones(2))
     assert "expected (3,)" in wire.check_result(losses, two)
@@ -236,7 +254,7 @@ def test_a_node_computes_on_the_configured_device(monkeypatch, device, cuda, exp
     # No GPU here: CUDA's availability is faked and the executor only records its device.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     chosen = []
-    monkeypatch.setattr(node, "SequentialExecutor", lambda *args, device="cpu", **kw:
+    monkeypatch.setattr(node, "ClientRuntime", lambda *args, device="cpu", **kw:
                         chosen.append(torch.device(device)))
     config = flower_config({"name": "fedavg"})
     config["run"]["device"] = device

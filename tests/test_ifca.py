@@ -271,27 +271,19 @@ def test_k_from_the_data_takes_no_restarts_or_random_groups():
             build_algorithm({"name": "ifca", **options})
 
 
-class TableExecutor:
-    """evaluate(model, clients) -> a fixed (loss, accuracy) per model id (params[0]) and client."""
-
-    def __init__(self, table: np.ndarray):
-        self.table = table   # (K, n, 2)
-
-    def evaluate(self, params, clients, split="test"):
-        return self.table[int(params[0]), clients]
-
-
 def test_min_test_loss_protocol_reports_each_clients_least_loss_model():
     # The IFCA authors' test: client 0 is served model 0 but model 1 has the lower test loss
     # (and the lower accuracy: the choice is by loss, not accuracy); client 1 keeps model 1.
-    from clusterfed.algorithms.base import ClusterView
-    from clusterfed.sim.evaluation import least_test_loss
+    from clusterfed.sim.protocols import least_loss
     table = np.array([[[0.9, 0.8], [0.7, 0.1]],
                       [[0.5, 0.6], [0.2, 0.9]]])
-    view = ClusterView(np.array([[0.0], [1.0]], np.float32), np.array([0, 1]))
-    figures, chosen = least_test_loss(TableExecutor(table), view)
+    figures, chosen = least_loss(table)
     assert chosen.tolist() == [1, 1]
     np.testing.assert_allclose(figures, [[0.5, 0.6], [0.2, 0.9]])
+    # A client missing one model's figures (a silent node) is not scored.
+    table[0, 1] = np.nan
+    figures, _ = least_loss(table)
+    assert np.isnan(figures[1]).all() and np.allclose(figures[0], [0.5, 0.6])
 
 
 def test_min_test_loss_protocol_in_a_run_records_the_served_figures_too(tmp_path):

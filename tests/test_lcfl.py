@@ -25,7 +25,7 @@ from clusterfed.clustering import loss_distance as ld
 from clusterfed.config import merge
 from clusterfed.errors import ConfigError
 from clusterfed.report.pages import write_report
-from clusterfed.sim.evaluation import sampled_local_accuracy
+from clusterfed.sim.protocols import sampled_local_mean
 from clusterfed.sim.simulation import Simulation, resume_run, run_config
 
 
@@ -265,21 +265,13 @@ def test_resume_across_the_clustering_round(tmp_path):
         (tmp_path / "whole" / "metrics.jsonl").read_text()
 
 
-class FakeExecutor:
-    """Accuracy = the first parameter of the model, whoever evaluates it."""
-
-    def evaluate(self, params, clients, split="test"):
-        return np.array([[0.0, float(params[0])] for _ in clients])
-
-
 def test_sampled_local_accuracy_is_the_authors_figure():
-    from clusterfed.algorithms import ClusterView
-    view = ClusterView(np.array([[0.5], [0.9]]), np.array([0, 1, 1, 0]))
-    previous = {0: np.array([0.2]), 2: np.array([0.6])}
-    # Clients 0 and 2 use their previous models, client 3 its cluster model (0.5).
-    got = sampled_local_accuracy(FakeExecutor(), view, previous, np.array([0, 2, 3]),
-                                 np.array([10, 99, 30, 60]))
+    # Sampled clients 0, 2 and 3 answered with these accuracies; weights are test sizes.
+    got = sampled_local_mean({0: 0.2, 2: 0.6, 3: 0.5}, np.array([10, 99, 30, 60]))
     assert got == pytest.approx((0.2 * 10 + 0.6 * 30 + 0.5 * 60) / 100)
+    # A sampled client that never answered is left out of the weights, not counted as 0.
+    assert sampled_local_mean({0: 0.2, 3: 0.5}, np.array([10, 99, 30, 60])) == \
+        pytest.approx((0.2 * 10 + 0.5 * 60) / 70)
 
 
 def test_sampled_local_protocol_records_both_figures(tmp_path):

@@ -17,6 +17,7 @@ from clusterfed.clustering.metrics import clustering_scores
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import algorithm_sections
 from clusterfed.sim.simulation import Simulation, run_config
+from clusterfed.tasks import SignatureSpec
 
 SPEC = TrainSpec(lr=0.1, batch_size=10)
 
@@ -304,3 +305,23 @@ def test_budget_allocation_is_the_codes_dirichlet_rule():
     assert u.shape == (16, 16) and set(labels.tolist()) == {0}   # rank 16: 16 of the 20
     with pytest.raises(ConfigError, match="budget"):
         build_algorithm({"name": "pacfl", "budget": 20, "signature": "whole"})
+
+
+def test_signature_options_travel_as_a_typed_spec_and_the_client_uses_them():
+    options = {"p": 2, "center": True, "mean": [0.1, ], "std": [0.3],
+               "svd": "exact", "budget": 40}
+    sim = Simulation(groups_config(options))
+    state = sim.algorithm.init(sim.setup)
+    tasks = [t for t in sim.algorithm.plan(state, RoundContext(0, np.array([0]), sim.spec))
+             if t.kind is TaskKind.SIGNATURE]
+    spec = tasks[0].signature
+    assert spec == SignatureSpec(p=2, per_class=True, center=True, mean=(0.1,), std=(0.3,),
+                                 svd="exact", seed=state.seed, budget=40)
+    assert tasks[0].meta == {}
+    (result,) = sim.executor.run(tasks[:1], 0)
+    data = sim.federation.clients[0]
+    expected, labels = pa.client_signature(data.train_x, data.train_y, p=2, per_class=True,
+                                           center=True, mean=[0.1], std=[0.3], svd="exact",
+                                           seed=state.seed, budget=40)
+    np.testing.assert_array_equal(result.signature, expected.astype(np.float32))
+    np.testing.assert_array_equal(result.signature_labels, labels)

@@ -20,7 +20,6 @@ from process_models import FailsInTraining, InterruptsParent, SlowInOneProcess
 from torch import nn
 
 from clusterfed.client.privacy import ParameterTransform
-from clusterfed.client.tasks import ClientTask, LocalObjective, LossSpec, TaskKind, TrainSpec
 from clusterfed.config import merge
 from clusterfed.data import build_federation, load_dataset
 from clusterfed.errors import ConfigError
@@ -30,6 +29,15 @@ from clusterfed.sim.executor import SequentialExecutor
 from clusterfed.sim.processes import ProcessExecutor, WorkerError, chunks, start_obstacle
 from clusterfed.sim.shared import Mailbox, flatten, unflatten
 from clusterfed.sim.simulation import Simulation, initial_params
+from clusterfed.tasks import (
+    ClientTask,
+    LocalObjective,
+    LossSpec,
+    SignatureSpec,
+    TaskKind,
+    TrainSpec,
+    numbered,
+)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="checks worker processes through /proc")
@@ -86,7 +94,7 @@ def mixed_tasks(size: int) -> list[ClientTask]:
     shared = model()                       # one array in several tasks, as FedAvg sends
     stack = np.stack([model() for _ in range(3)])
     spec = TrainSpec(lr=0.1, batch_size=8, momentum=0.5, clip_grad_norm=5.0)
-    return [
+    return numbered([
         ClientTask(4, TaskKind.TRAIN, shared, spec, meta={"cluster": 1}),
         ClientTask(0, TaskKind.TRAIN, shared, spec, meta={"cluster": 0}),
         ClientTask(2, TaskKind.TRAIN, model(),
@@ -94,22 +102,24 @@ def mixed_tasks(size: int) -> list[ClientTask]:
                    objective=LocalObjective(prox_mu=0.1, correction=model())),
         ClientTask(1, TaskKind.TRAIN, model(), TrainSpec(lr=0.05, batch_size=4, epochs=2),
                    objective=LocalObjective(maml="hf")),
-        ClientTask(4, TaskKind.TRAIN, model(), spec, meta={"cluster": 2, "own_model": 0}),
+        ClientTask(4, TaskKind.TRAIN, model(), spec, meta={"cluster": 2},
+                   own_model=False),
         ClientTask(3, TaskKind.GRADIENT, shared),
         ClientTask(5, TaskKind.LOSSES, stack, loss=LossSpec("train+test", max_samples=9)),
         ClientTask(0, TaskKind.LOSSES, stack),
         ClientTask(2, TaskKind.EVALUATE, stack[:2]),
         ClientTask(1, TaskKind.EVALUATE, shared),
-        ClientTask(3, TaskKind.SIGNATURE, np.zeros(1, np.float32), meta={"p": 2}),
-    ]
+        ClientTask(3, TaskKind.SIGNATURE, np.zeros(1, np.float32),
+                   signature=SignatureSpec(p=2, center=True)),
+    ], 5)
 
 
 def assert_identical(expected, got) -> None:
     assert len(expected) == len(got)
     for a, b in zip(expected, got, strict=True):
         untimed = lambda meta: {k: v for k, v in meta.items() if k != "seconds"}  # noqa: E731
-        assert (a.client, a.kind, a.num_samples, untimed(a.meta)) == \
-            (b.client, b.kind, b.num_samples, untimed(b.meta))
+        assert (a.client, a.kind, a.num_samples, untimed(a.meta), a.task_id) == \
+            (b.client, b.kind, b.num_samples, untimed(b.meta), b.task_id)
         assert a.loss == b.loss or (np.isnan(a.loss) and np.isnan(b.loss))
         for name in ("update", "losses", "accuracies", "signature", "signature_labels"):
             x, y = getattr(a, name), getattr(b, name)
@@ -122,7 +132,9 @@ def test_every_task_kind_gives_the_sequential_result_bit_for_bit(pair):
     seq, proc = pair
     tasks = mixed_tasks(seq.model.size)
     for round_index, step in [(0, 0), (3, 2)]:
-        assert_identical(seq.run(tasks, round_index, step), proc.run(tasks, round_index, step))
+        got = proc.run(tasks, round_index, step)
+        assert sorted(r.task_id for r in got) == [t.id for t in tasks]
+        assert_identical(seq.run(tasks, round_index, step), got)
     assert len(proc.started_pids) == 2   # one pool for every call
 
 
@@ -223,7 +235,7 @@ def test_flattened_records_share_arrays_and_come_back_whole():
 
 
 def record_kinds(executor: ProcessExecutor, seen: set[str]) -> None:
-    """Note the kind of every task the executor runs."""
+    """Note the kind of every task the executor runs (the evaluation protocol's included)."""
     run = executor.run
 
     def recording(tasks, *args):
@@ -235,14 +247,16 @@ def record_kinds(executor: ProcessExecutor, seen: set[str]) -> None:
 
 @pytest.mark.parametrize("config, kinds", [
     (tiny_config("fedavg", train={"rounds": 2}, run={"privacy": "signed_permutation"}),
-     {"train"}),
+     {"train", "evaluate"}),
     (tiny_config("cfl", train={"rounds": 3, "participation": 1.0},
-                 eval={"protocol": "best_of_path", "validation_fraction": 0.2}), {"train"}),
+                 eval={"protocol": "best_of_path", "validation_fraction": 0.2}),
+     {"train", "evaluate"}),
     (merge(tiny_config("lcfl", train={"rounds": 3, "batch_size": 20}),
            {"algorithm": {"name": "lcfl", "k": 2, "warmup_rounds": 2,
-                          "loss_data": "train+test", "loss_samples": 12}}), {"train", "losses"}),
+                          "loss_data": "train+test", "loss_samples": 12}}),
+     {"train", "losses", "evaluate"}),
     (merge(tiny_config("ifca", train={"rounds": 2}), {"algorithm": {"name": "ifca", "k": 2}}),
-     {"train", "losses"}),
+     {"train", "losses", "evaluate"}),
 ], ids=["fedavg", "cfl", "lcfl", "ifca"])
 def test_a_run_in_worker_processes_equals_the_sequential_run(config, kinds):
     out, seen = {}, set()

@@ -12,16 +12,16 @@ import torch
 from helpers import tiny_config, uneven_digits
 from torch import nn
 
+from clusterfed.client.batched import evaluate_clients, evaluate_models
 from clusterfed.client.privacy import ParameterTransform
-from clusterfed.client.tasks import ClientTask, LossSpec, TaskKind, TrainSpec
 from clusterfed.client.work import evaluate
 from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel, build_model
-from clusterfed.sim.batched import evaluate_clients, evaluate_models
 from clusterfed.sim.choice import executor_kind, resolve_device
 from clusterfed.sim.executor import SequentialExecutor
 from clusterfed.sim.simulation import Simulation, initial_params
-from clusterfed.sim.vectorised import VectorisedExecutor, batch_plan, module_obstacle
+from clusterfed.sim.vectorised import VectorisedExecutor, batch_plan, module_obstacle, task_obstacle
+from clusterfed.tasks import ClientTask, LossSpec, TaskKind, TrainSpec, numbered
 
 SEED = 5
 
@@ -47,8 +47,8 @@ def untimed(meta):
 def assert_same(seq_results, vec_results):
     assert len(seq_results) == len(vec_results)
     for a, b in zip(seq_results, vec_results, strict=True):
-        assert (a.client, a.kind, a.num_samples, untimed(a.meta)) == \
-            (b.client, b.kind, b.num_samples, untimed(b.meta))
+        assert (a.client, a.kind, a.num_samples, untimed(a.meta), a.task_id) == \
+            (b.client, b.kind, b.num_samples, untimed(b.meta), b.task_id)
         for name in ("update", "losses", "accuracies"):
             x, y = getattr(a, name), getattr(b, name)
             assert (x is None) == (y is None), name
@@ -67,9 +67,9 @@ def test_training_equals_sequential(federation, spec):
     seq, vec, w0 = executors(federation)
     rng = np.random.default_rng(0)
     # Different starting points per client, as in a clustered round; clients out of order.
-    tasks = [ClientTask(c, TaskKind.TRAIN, (w0 + 0.01 * rng.standard_normal(w0.shape)
-                                            ).astype(np.float32), spec, {"leaf": c % 2})
-             for c in (4, 0, 2, 5, 1, 3)]
+    tasks = numbered([ClientTask(c, TaskKind.TRAIN, (w0 + 0.01 * rng.standard_normal(w0.shape)
+                                                     ).astype(np.float32), spec, {"leaf": c % 2})
+                      for c in (4, 0, 2, 5, 1, 3)], 20)
     sizes = seq.train_sizes()
     assert len(set(sizes.tolist())) > 1   # the masking path is exercised
     assert_same(seq.run(tasks, 3, 1), vec.run(tasks, 3, 1))
@@ -86,14 +86,15 @@ def test_many_models_and_mixed_tasks_equal_sequential(federation, privacy):
     rng = np.random.default_rng(1)
     stacked = (w0 + 0.05 * rng.standard_normal((3, len(w0)))).astype(np.float32)
     spec = TrainSpec(lr=0.1, batch_size=10)
-    tasks = [ClientTask(0, TaskKind.LOSSES, stacked),
+    tasks = numbered([ClientTask(0, TaskKind.LOSSES, stacked),
              ClientTask(1, TaskKind.TRAIN, w0, spec),
              ClientTask(1, TaskKind.EVALUATE, stacked),
              ClientTask(2, TaskKind.GRADIENT, w0),
              ClientTask(3, TaskKind.TRAIN, stacked[0], spec),
              ClientTask(4, TaskKind.EVALUATE, w0),
              ClientTask(5, TaskKind.TRAIN, w0, TrainSpec(lr=0.1, batch_size=4, steps=3,
-                                                          epochs=None))]
+                                                          epochs=None))], 7)
+    assert [r.task_id for r in vec.run(tasks, 0)] == list(range(7, 14))
     assert_same(seq.run(tasks, 0), vec.run(tasks, 0))
 
 
@@ -105,7 +106,7 @@ def test_losses_with_a_loss_spec_are_vectorised_and_equal_sequential(federation,
     seq, vec, w0 = executors(federation)
     stacked = (w0 + 0.05 * np.random.default_rng(2).standard_normal((3, len(w0)))
                ).astype(np.float32)
-    tasks = [ClientTask(c, TaskKind.LOSSES, stacked, loss=spec) for c in (3, 0, 5)]
+    tasks = numbered([ClientTask(c, TaskKind.LOSSES, stacked, loss=spec) for c in (3, 0, 5)], 1)
     expected = seq.run(tasks, 4, 1)
     fallback, sequential = [], SequentialExecutor.run
     monkeypatch.setattr(SequentialExecutor, "run", lambda self, tasks, *a: fallback.extend(
@@ -164,6 +165,8 @@ def test_tasks_with_unknown_extras_run_sequentially(federation, caplog, monkeypa
     assert "'mu'" in caplog.text and "'control'" in caplog.text
     assert vec.run([plain], 0) == ["vmap"]   # an extra at its default value is vectorised
     assert len(calls) == 1
+    # IFCA's candidate sets (not the client's own model) train like any plain task.
+    assert task_obstacle(dataclasses.replace(plain, own_model=False, id=3)) is None
 
 
 def test_batch_plan_matches_the_sequential_order():

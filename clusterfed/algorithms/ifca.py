@@ -66,7 +66,7 @@ from clusterfed.algorithms.base import (
     Update,
     check_choices,
 )
-from clusterfed.client.tasks import OWN_MODEL, ClientResult, ClientTask, TaskKind
+from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
 from clusterfed.clustering import hierarchical as hc
 from clusterfed.clustering.precomputed import NO_STRUCTURE
 from clusterfed.state import serialisable
@@ -256,10 +256,8 @@ class IFCA:
         for c in clients.tolist():
             for r in range(len(state.models)):
                 j = int(clusters[r, c])
-                meta = {"set": r, "cluster": j}
-                if len(state.models) > 1:
-                    meta[OWN_MODEL] = int(r == served)
-                tasks.append(ClientTask(c, kind, state.models[r, j], spec, meta))
+                tasks.append(ClientTask(c, kind, state.models[r, j], spec, {"set": r, "cluster": j},
+                                        own_model=r == served))
         return tasks
 
     def update(self, state: IFCAState, ctx: RoundContext, results: Sequence[ClientResult]

@@ -47,7 +47,7 @@ from clusterfed.algorithms.base import (
     Update,
     check_choices,
 )
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
+from clusterfed.client.tasks import ClientResult, ClientTask, SignatureSpec, TaskKind
 from clusterfed.clustering import precomputed as pc
 from clusterfed.clustering import principal_angles as pa
 from clusterfed.clustering.precomputed import NO_STRUCTURE, choose_clusters
@@ -156,22 +156,16 @@ class PACFL:
             return [c for c in sorted(self.newcomer_set) if state.assignment[c] == UNASSIGNED]
         return []
 
-    def _signature_meta(self, state: PACFLState) -> dict[str, int | float | str]:
-        meta: dict[str, int | float | str] = {
-            "p": self.p, "per_class": int(self.signature == "per_class"),
-            "center": int(self.center), "svd": self.svd, "seed": state.seed}
-        if self.budget is not None:
-            meta["budget"] = self.budget
-        for key in ("mean", "std"):
-            values = getattr(self, key)
-            if values is not None:
-                meta[key] = ",".join(repr(float(v)) for v in values)
-        return meta
+    def _signature_spec(self, state: PACFLState) -> SignatureSpec:
+        return SignatureSpec(p=self.p, per_class=self.signature == "per_class",
+                             center=self.center, mean=self.mean, std=self.std, svd=self.svd,
+                             seed=state.seed, budget=self.budget)
 
     def plan(self, state: PACFLState, ctx: RoundContext) -> list[ClientTask]:
         signers = self._signers(state, ctx)
-        meta = self._signature_meta(state)
-        signatures = [ClientTask(c, TaskKind.SIGNATURE, NO_PARAMS, meta=meta) for c in signers]
+        spec = self._signature_spec(state)
+        signatures = [ClientTask(c, TaskKind.SIGNATURE, NO_PARAMS, signature=spec)
+                      for c in signers]
         if len(state.models) == 0:
             # Round 0: every cluster starts from theta_0 (Alg. 1 line 12), so the sampled
             # clients train it while the signatures are clustered, in the same step.

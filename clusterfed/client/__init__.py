@@ -6,7 +6,7 @@ a machine without it; the training functions (`work`) load torch only when first
 
 from typing import Any
 
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind, TrainSpec
+from clusterfed.tasks import ClientResult, ClientTask, TaskKind, TrainSpec
 
 _WORK = ("evaluate", "gradient", "losses", "run_task", "train")
 

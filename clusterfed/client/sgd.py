@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from clusterfed.client.tasks import TrainSpec
+from clusterfed.tasks import TrainSpec
 
 
 def clip_by_norm(grad: torch.Tensor, max_norm: float) -> torch.Tensor:

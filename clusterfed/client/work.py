@@ -11,16 +11,17 @@ import torch
 import torch.nn.functional as F
 
 from clusterfed.client.sgd import sgd_step
-from clusterfed.client.tasks import (
+from clusterfed.clustering.principal_angles import client_signature
+from clusterfed.models.flat import FlatModel
+from clusterfed.tasks import (
     ClientResult,
     ClientTask,
     LocalObjective,
     LossSpec,
+    SignatureSpec,
     TaskKind,
     TrainSpec,
 )
-from clusterfed.clustering.principal_angles import client_signature
-from clusterfed.models.flat import FlatModel
 
 # Targets per evaluation chunk: 1000 images, or fewer sequences when each has many tokens.
 EVAL_TARGETS = 1000
@@ -207,11 +208,12 @@ def run_task(model: FlatModel, task: ClientTask, train_xy: tuple[torch.Tensor, t
         else:
             update, loss = train(model, params, x, y, task.train, generator, objective)
         return ClientResult(task.client, task.kind, len(y), update=update.cpu().numpy(), loss=loss,
-                            meta={**task.meta, "local_steps": task.train.num_steps(len(y))})
+                            meta={**task.meta, "local_steps": task.train.num_steps(len(y))},
+                            task_id=task.id)
     if task.kind is TaskKind.GRADIENT:
         grad, loss = gradient(model, params, x, y)
         return ClientResult(task.client, task.kind, len(y), update=grad.cpu().numpy(), loss=loss,
-                            meta=task.meta)
+                            meta=task.meta, task_id=task.id)
     if task.kind is TaskKind.SIGNATURE:
         return signature_result(task, x, y)
     stacked = params if params.dim() == 2 else params[None]
@@ -221,32 +223,24 @@ def run_task(model: FlatModel, task: ClientTask, train_xy: tuple[torch.Tensor, t
         values = losses(model, stacked, lx, ly)
         # The client's compute time, for cost reports (LCFL's M^2 evaluations); not in state.
         meta = {**task.meta, "seconds": time.perf_counter() - began}
-        return ClientResult(task.client, task.kind, len(y), losses=values, meta=meta)
+        return ClientResult(task.client, task.kind, len(y), losses=values, meta=meta,
+                            task_id=task.id)
     tx, ty = test_xy
     pairs = [evaluate(model, w, tx, ty) for w in stacked]
     return ClientResult(task.client, task.kind, len(ty),
                         losses=np.array([p[0] for p in pairs]),
                         accuracies=np.array([p[1] for p in pairs]),
-                        loss=pairs[0][0], meta=task.meta)
-
-
-def _floats(text: object) -> list[float] | None:
-    """'0.1,0.2' -> [0.1, 0.2]: per-channel values travel in task meta as text."""
-    return None if text in (None, "") else [float(v) for v in str(text).split(",")]
+                        loss=pairs[0][0], meta=task.meta, task_id=task.id)
 
 
 def signature_result(task: ClientTask, x: torch.Tensor, y: torch.Tensor) -> ClientResult:
-    """PACFL's data signature; only U and its column labels leave the client.
-
-    meta: p, per_class (0/1), center (0/1), mean and std ('m1,m2,...'), svd, seed,
-    budget (optional).
-    """
-    meta = task.meta
+    """PACFL's data signature, as the task's SignatureSpec says; only U and its column labels
+    leave the client."""
+    spec = task.signature or SignatureSpec()
     u, labels = client_signature(
-        x.cpu().numpy(), y.cpu().numpy(), p=int(meta.get("p", 3)),
-        per_class=bool(meta.get("per_class", 1)), center=bool(meta.get("center", 0)),
-        mean=_floats(meta.get("mean")), std=_floats(meta.get("std")),
-        svd=str(meta.get("svd", "auto")), seed=int(meta.get("seed", 0)),
-        budget=int(meta["budget"]) if meta.get("budget") is not None else None)
+        x.cpu().numpy(), y.cpu().numpy(), p=spec.p, per_class=spec.per_class,
+        center=spec.center, mean=None if spec.mean is None else list(spec.mean),
+        std=None if spec.std is None else list(spec.std), svd=spec.svd, seed=spec.seed,
+        budget=spec.budget)
     return ClientResult(task.client, task.kind, len(y), signature=u.astype(np.float32),
-                        signature_labels=labels, meta=task.meta)
+                        signature_labels=labels, meta=task.meta, task_id=task.id)

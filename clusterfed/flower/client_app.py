@@ -1,15 +1,13 @@
 """The Flower ClientApp: runs the simulator's client tasks on the node's own client.
 
-Four message types (see `wire`): `query.hello` (which client this node serves and what its data
-is like), `query.initial` (the initial model in the clients' P-space, for a server that does not
-hold the privacy secret), `train.task` (any ClientTask) and `evaluate.model` (one model's test or
-validation figures). An exception here becomes Flower's error reply; the server logs it as a
-missing client.
-"""
+Three message types (see `wire`): `query.hello` (which client this node serves and what its
+data is like), `query.initial` (the initial model in the clients' P-space, for a server that
+does not hold the privacy secret) and `train.task` (any ClientTask, evaluation included). An
+exception here becomes Flower's error reply; the server logs it as a missing client. """
 
 from __future__ import annotations
 
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from clusterfed.flower import wire
@@ -39,12 +37,3 @@ def task(msg: Message, context: Context) -> Message:
     node = node_for(config_json, context.node_config)
     result = node.run(task, round_index, step, wire.addressed_partition(msg.content))
     return Message(wire.encode_result(result), reply_to=msg)
-
-
-@app.evaluate("model")
-def evaluate(msg: Message, context: Context) -> Message:
-    params, client, split, config_json = wire.decode_evaluate(msg.content)
-    loss, accuracy = node_for(config_json, context.node_config).evaluate(
-        params, client, split, wire.addressed_partition(msg.content))
-    return Message(RecordDict({wire.METRICS: MetricRecord({"loss": loss, "accuracy": accuracy})}),
-                   reply_to=msg)

@@ -26,11 +26,11 @@ import numpy as np
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from clusterfed.client.tasks import ClientResult, ClientTask
 from clusterfed.data.scenarios import ClientData, Federation
 from clusterfed.errors import ClusterfedError
 from clusterfed.flower import membership, wire
 from clusterfed.sim.simulation import InitialModels
+from clusterfed.tasks import ClientResult, ClientTask, TaskKind, match_results, numbered
 
 log = logging.getLogger("clusterfed.flower")
 
@@ -336,23 +336,11 @@ class FlowerExecutor:
 
     def evaluate(self, params: np.ndarray, clients: Sequence[int], split: str = "test"
                  ) -> np.ndarray:
-        """(loss, accuracy) per listed client; NaN for a client that did not answer."""
-        requests = [(int(c), wire.EVALUATE,
-                     wire.encode_evaluate(params, int(c), split, self.config_json,
-                                          self._partition(int(c))))
-                    for c in clients]
-        replies = self._exchange(requests, [f"evaluate_{split}"] * len(requests))
-        out = np.full((len(requests), 2), np.nan)
-        for i, reply in replies.items():
-            try:
-                metrics = reply.content.metric_records[wire.METRICS]
-                pair = np.array([float(metrics["loss"]), float(metrics["accuracy"])])
-            except (KeyError, TypeError, ValueError):
-                pair = np.full(2, np.nan)
-            if np.isfinite(pair).all():
-                out[i] = pair
-                continue
-            self._events.append({"round": self._round, "type": "rejected_result",
-                                 "client": requests[i][0], "task": f"evaluate_{split}",
-                                 "reason": "loss or accuracy missing, NaN or Inf"})
+        """(loss, accuracy) per listed client, as EVALUATE tasks; NaN for a client that did
+        not answer."""
+        tasks = numbered([ClientTask(int(c), TaskKind.EVALUATE, params, split=split)
+                          for c in clients], 0)
+        out = np.full((len(tasks), 2), np.nan)
+        for i, (_, result) in enumerate(match_results(tasks, self.run(tasks, self._round - 1))):
+            out[i] = (result.losses[0], result.accuracies[0])
         return out

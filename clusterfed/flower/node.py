@@ -8,11 +8,12 @@ one of two ways:
 - **its own data** (node config `data-path`): the files there, read in the federation's agreed
   format (`data.dataset=folders`, `clusterfed.data.own`): no scenario, no partition, no truth.
 
-Either way it serves one client through a `SequentialExecutor`, so a task runs here with the same
-code, the same train/validation split, the same privacy transform and the same
-per-(round, step, client) generator as in-process, on the device `run.device` names (resolved on
-the node: `auto` is CUDA where the node sees one). The client id, which seeds the generator, is
-the server's: it differs from the partition when the server refused another node.
+Either way it serves one client through a `ClientRuntime` (`client/runtime.py`), as every in-
+process executor does, so a task runs here with the same code, the same train/validation split,
+the same privacy transform and the same per-(round, step, client) generator as in-process, on
+the device `run.device` names (resolved on the node: `auto` is CUDA where the node sees one).
+The client id, which seeds the generator, is the server's: it differs from the partition when
+the server refused another node.
 
 With `privacy-secret-file` in its node config, the privacy transform comes from that file, which
 only the clients hold; the node then also answers the server's query for the initial models in
@@ -32,21 +33,21 @@ import numpy as np
 import torch
 
 from clusterfed import config as cfg
+from clusterfed.client.runtime import ClientRuntime
 from clusterfed.client.secret import read_secret_file, secret_id
-from clusterfed.client.tasks import ClientResult, ClientTask
 from clusterfed.clustering.metrics import NO_TRUTH
 from clusterfed.data import own
 from clusterfed.data.scenarios import Federation
 from clusterfed.errors import ClusterfedError, ConfigError
 from clusterfed.models import FlatModel, build_model
 from clusterfed.sim.choice import resolve_device
-from clusterfed.sim.executor import SequentialExecutor
 from clusterfed.sim.simulation import (
     build_federation_for,
     initial_models,
     initial_params,
     privacy_transform,
 )
+from clusterfed.tasks import ClientResult, ClientTask
 
 # Node config keys (flower-supernode --node-config 'partition-id=0 num-partitions=6 ...').
 PARTITION_ID = "partition-id"
@@ -97,7 +98,7 @@ class Population:
 
     config: dict[str, Any]
     federation: Federation
-    executor: SequentialExecutor
+    executor: ClientRuntime
     own: bool = False       # one client's own data at index 0, not a federation
     secret_id: str = ""     # the id of the node's privacy secret ("" without one)
 
@@ -150,7 +151,7 @@ class Population:
                                 "n_classes": federation.n_classes, **config["model"]})
         model = FlatModel(module)
         # torch.from_numpy views: the executor holds the federation's arrays without copies.
-        executor = SequentialExecutor(model, federation, config["seed"],
+        executor = ClientRuntime(model, federation, config["seed"],
                                       privacy_transform(config, model.size, secret),
                                       config["eval"]["validation_fraction"],
                                       device=resolve_device(str(config["run"]["device"])))
@@ -218,12 +219,6 @@ class ClientNode:
             partition: int | None = None) -> ClientResult:
         self._addressed(task.client, partition)
         return self.population.executor.run_as(task, self.index, round_index, step)
-
-    def evaluate(self, params: np.ndarray, client: int, split: str,
-                 partition: int | None = None) -> tuple[float, float]:
-        self._addressed(client, partition)
-        loss, acc = self.population.executor.evaluate(params, [self.index], split)[0]
-        return float(loss), float(acc)
 
     def initial(self, index: int) -> np.ndarray:
         """Draw `index` of the initial model, in P-space: what the server's Setup holds."""

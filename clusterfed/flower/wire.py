@@ -2,8 +2,10 @@
 
 Nothing here knows an algorithm or a task kind: the kind travels by its value, `meta` as a
 ConfigRecord of its own, every array field of the records in an ArrayRecord under the field's
-name (1-D or 2-D, any dtype), and every scalar field by its name. A task kind or a result field
-added to `clusterfed.client.tasks` travels without a change here.
+name (1-D or 2-D, any dtype), every scalar field by its name (the task id and its result's
+`task_id` included) and every typed per-kind record (TrainSpec, LocalObjective, LossSpec,
+SignatureSpec) as a record of its own. A task kind, a field or a per-kind record added to
+`clusterfed.tasks` travels without a change here.
 """
 
 from __future__ import annotations
@@ -18,19 +20,20 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
+from clusterfed.tasks import ClientResult, ClientTask, TaskKind
 
 # Message types: `<category>.<action>` routes to the ClientApp function of that name.
 HELLO = "query.hello"        # which client do you serve, and what do you hold?
 INITIAL = "query.initial"    # the initial model (draw i) in the clients' P-space (privacy)
-TASK = "train.task"          # run one ClientTask (any kind)
-EVALUATE = "evaluate.model"  # (loss, accuracy) of one model on the client's test/validation data
+TASK = "train.task"          # run one ClientTask (any kind, EVALUATE included)
 
 ARRAYS, FIELDS, META, TRAIN, METRICS, RUN = "arrays", "fields", "meta", "train", "metrics", "run"
 
 
 def _plain(value: Any) -> Any:
-    """numpy scalars -> Python scalars, which Flower's records accept."""
+    """numpy scalars -> Python scalars and tuples -> lists, which Flower's records accept."""
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
     return value.item() if isinstance(value, np.generic) else value
 
 
@@ -184,6 +187,8 @@ def expected_shapes(task: ClientTask) -> dict[str, tuple[int, ...]]:
 
 def check_result(task: ClientTask, result: ClientResult) -> str | None:
     """Why `result` is not an acceptable answer to `task`, or None when it is."""
+    if result.task_id != task.id:
+        return f"answers task {result.task_id}, not task {task.id}"
     if result.client != task.client or result.kind is not task.kind:
         return (f"answers client {result.client} {result.kind.value}, "
                 f"not client {task.client} {task.kind.value}")
@@ -203,21 +208,6 @@ def check_result(task: ClientTask, result: ClientResult) -> str | None:
 
 
 # Evaluation and discovery ------------------------------------------------------------------
-
-def encode_evaluate(params: np.ndarray, client: int, split: str, config_json: str,
-                    partition: int | None = None) -> RecordDict:
-    return RecordDict({
-        ARRAYS: _array_record({"params": np.ascontiguousarray(params)}),
-        FIELDS: ConfigRecord({"client": int(client), "split": split}),
-        RUN: _run_record(config_json, partition),
-    })
-
-
-def decode_evaluate(content: RecordDict) -> tuple[np.ndarray, int, str, str]:
-    fields = content.config_records[FIELDS]
-    return (content.array_records[ARRAYS]["params"].numpy(), int(fields["client"]),
-            str(fields["split"]), str(content.config_records[RUN]["config"]))
-
 
 def encode_hello(config_json: str) -> RecordDict:
     return RecordDict({RUN: ConfigRecord({"config": config_json})})

@@ -36,12 +36,12 @@ import torch.nn.functional as F
 
 from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.sgd import sgd_step
-from clusterfed.client.tasks import ClientResult, ClientTask, TrainSpec
 from clusterfed.client.work import IGNORE_INDEX
 from clusterfed.data.scenarios import Federation
 from clusterfed.models.flat import FlatModel
 from clusterfed.models.grouped import GroupedModel, grouped_obstacle
 from clusterfed.sim.vectorised import VectorisedExecutor, batch_plan
+from clusterfed.tasks import ClientResult, ClientTask, TrainSpec
 
 # Floats of the widest layer's output per group call. Measured on a 2-core EPYC (img per
 # CPU second, docs/benchmarks.md): the best group held about 1-2.5M (cfl_convnet at batch
@@ -212,7 +212,7 @@ class GroupedExecutor(VectorisedExecutor):
             if self.transform is not None:
                 update = self.transform.forward(update)
             out.append(ClientResult(t.client, t.kind, n, update=update, loss=loss,
-                                    meta={**t.meta, "local_steps": s}))
+                                    meta={**t.meta, "local_steps": s}, task_id=t.id))
         return out
 
     def _evaluate_many(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor

@@ -1,5 +1,5 @@
 """The process executor: one single-threaded worker process per core, each running its share of
-a round's tasks through its own `SequentialExecutor`.
+a round's tasks through its own `ClientRuntime` (`client/runtime.py`).
 
 Two threads of one process split each small convolution and wait for each other at every
 layer (and, when other jobs share the cores, spin while the other is descheduled); two
@@ -15,7 +15,7 @@ its own generator (`sim.sampling.task_seed`), and every worker computes with one
   held (logging, tqdm's monitor). The forkserver is a clean single-threaded process that
   imports torch once and forks each worker from there.
 - Data: the clients' arrays are copied once into one shared-memory block that every worker
-  maps; a worker's SequentialExecutor holds zero-copy tensors of it (`sim/shared.py`).
+  maps; a worker's ClientRuntime holds zero-copy tensors of it (`sim/shared.py`).
 - Tasks and results: a call writes its tasks' arrays (each distinct one once: FedAvg's global
   model is one array for all clients) to a shared block, and sends each worker its tasks with
   array slots in their place; a worker writes its results' arrays to a block of its own.
@@ -47,7 +47,8 @@ import sys
 import traceback
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import BaseContext
@@ -60,7 +61,7 @@ import torch
 from torch import nn
 
 from clusterfed.client.privacy import ParameterTransform
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
+from clusterfed.client.runtime import ClientRuntime, one_model_evaluation
 from clusterfed.data.scenarios import ClientData, Federation
 from clusterfed.models.flat import FlatModel
 from clusterfed.sim.executor import SequentialExecutor
@@ -74,6 +75,7 @@ from clusterfed.sim.shared import (
     nbytes_of,
     unflatten,
 )
+from clusterfed.tasks import ClientResult, ClientTask, TaskKind
 
 log = logging.getLogger("clusterfed")
 
@@ -214,7 +216,7 @@ def start_context() -> BaseContext:
 
 @dataclass(frozen=True)
 class WorkerSetup:
-    """What a worker needs to build its SequentialExecutor, sent once when it starts."""
+    """What a worker needs to build its ClientRuntime, sent once when it starts."""
 
     module: bytes                   # the pickled nn.Module
     seed: int
@@ -242,7 +244,7 @@ def worker_main(conn: Connection, setup: WorkerSetup) -> None:
     try:
         module = pickle.loads(setup.module)
         federation = _federation(setup, data.read(setup.data))
-        executor = SequentialExecutor(FlatModel(module), federation, setup.seed,
+        executor = ClientRuntime(FlatModel(module), federation, setup.seed,
                                       setup.transform, setup.validation_fraction)
         conn.send(("ready", os.getpid()))
     except BaseException:
@@ -270,7 +272,7 @@ def worker_main(conn: Connection, setup: WorkerSetup) -> None:
             reader.close()
 
 
-def _serve(executor: SequentialExecutor, tasks_in: Reader, results_out: Reader, call: int,
+def _serve(executor: ClientRuntime, tasks_in: Reader, results_out: Reader, call: int,
            round_index: int, step: int, layout: Layout, records: list[Any], result_block: str
            ) -> tuple[Any, ...]:
     """One call: run its tasks one by one, write the results' arrays back."""
@@ -425,6 +427,16 @@ class _Pool:
             box.unlink()
 
 
+@contextmanager
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 class ProcessExecutor:
     """Runs client tasks in `workers` single-threaded worker processes (default: one per usable
     core); evaluates in this process. Close it (or use it as a context manager) to stop them."""
@@ -483,6 +495,25 @@ class ProcessExecutor:
             return []
         if self.obstacle:
             return self.local.run(tasks, round_index, step)
+        # One model over many clients' test data is scored here (see `evaluate`).
+        here = [i for i, t in enumerate(tasks) if one_model_evaluation(t)]
+        there = [i for i, t in enumerate(tasks) if not one_model_evaluation(t)]
+        results: list[ClientResult | None] = [None] * len(tasks)
+        for part, run in ((here, self._in_parent), (there, self._in_pool)):
+            if part:
+                for i, result in zip(part, run([tasks[i] for i in part], round_index, step),
+                                     strict=True):
+                    results[i] = result
+        return results  # type: ignore[return-value]   (in task order, as the workers answer)
+
+    def _in_parent(self, tasks: Sequence[ClientTask], round_index: int, step: int
+                   ) -> list[ClientResult]:
+        """One-model evaluations, here, with one thread (see `evaluate`)."""
+        with one_thread():
+            return self.local.run(tasks, round_index, step)
+
+    def _in_pool(self, tasks: Sequence[ClientTask], round_index: int, step: int
+                 ) -> list[ClientResult]:
         if self._pool is None:
             try:
                 self._pool = self._start()
@@ -505,12 +536,8 @@ class ProcessExecutor:
         """One model over many clients' data, here, with one thread like the workers: the
         run then equals a one-thread sequential run bit for bit, and other jobs on the cores
         cannot stall it (threads that share a busy core spin at every barrier)."""
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        with one_thread():
             return self.local.evaluate(params, clients, split)
-        finally:
-            torch.set_num_threads(threads)
 
     def train_sizes(self) -> np.ndarray:
         return self.local.train_sizes()

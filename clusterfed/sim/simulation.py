@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -14,36 +13,26 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from clusterfed import config as cfg
-from clusterfed.algorithms import ClusterView, RoundContext, Setup, build_algorithm
-from clusterfed.client.privacy import ParameterTransform
-from clusterfed.client.secret import read_secret_file
-from clusterfed.client.tasks import (
-    OWN_MODEL,
-    ClientResult,
-    ClientTask,
-    TaskKind,
-    TrainSpec,
-    match_results,
-)
+from clusterfed.algorithms import ClusterView, RoundContext
 from clusterfed.clustering.cfl_math import separation_gap
 from clusterfed.clustering.metrics import has_truth, truth_scores
-from clusterfed.data import Federation, build_federation, load_dataset, own
+from clusterfed.data import Federation
 from clusterfed.errors import ConfigError
-from clusterfed.models import FlatModel, build_model
-from clusterfed.sim.choice import build_executor
-from clusterfed.sim.evaluation import (
-    best_of_path,
-    evaluate_adapted,
-    evaluate_clients,
-    evaluated_mean,
-    least_test_loss,
-    round_record,
-    sampled_local_accuracy,
+from clusterfed.sim.build import (  # noqa: F401 (the building helpers, imported from here too)
+    InitialModels,
+    build_federation_for,
+    build_run,
+    initial_draws,
+    initial_models,
+    initial_params,
+    privacy_transform,
+    train_spec,
 )
 from clusterfed.sim.executor import Executor
 from clusterfed.sim.outputs import RunFolder, read_config
+from clusterfed.sim.protocols import ADAPTATION_STEP, PROTOCOLS, EvalContext, Pairs, run_protocol
 from clusterfed.sim.sampling import sample_clients
+from clusterfed.tasks import ClientResult, ClientTask, TaskKind, match_results, numbered
 
 log = logging.getLogger("clusterfed")
 
@@ -52,86 +41,6 @@ class Callback(Protocol):
     """Observes each round; returning True stops the run after that round."""
 
     def __call__(self, completed_rounds: int, record: Mapping[str, Any]) -> bool | None: ...
-
-
-def train_spec(train: Mapping[str, Any]) -> TrainSpec:
-    return TrainSpec(lr=float(train["lr"]), batch_size=int(train["batch_size"]),
-                     epochs=train["local_epochs"], steps=train["local_steps"],
-                     momentum=float(train["momentum"]), weight_decay=float(train["weight_decay"]),
-                     clip_grad_norm=train["clip_grad_norm"])
-
-
-def initial_params(module: torch.nn.Module, seed: int) -> None:
-    """Re-initialise `module` in place from `seed`, leaving the global generator untouched."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for m in module.modules():
-            if hasattr(m, "reset_parameters"):
-                m.reset_parameters()
-
-
-_DRAW_TAG = 0x1D2A
-
-
-def initial_draws(module: torch.nn.Module, seed: int, first: np.ndarray,
-                  transform: ParameterTransform | None) -> Callable[[int], np.ndarray]:
-    """Setup.draw_initial: draw i > 0 re-initialises a copy of `module` from (seed, i)."""
-    def draw(index: int) -> np.ndarray:
-        if index == 0:
-            return first.copy()
-        fresh = copy.deepcopy(module)
-        initial_params(fresh, int(np.random.SeedSequence([seed, index, _DRAW_TAG])
-                                  .generate_state(1)[0]))
-        vector = FlatModel(fresh).initial_vector().numpy()
-        return vector if transform is None else transform.forward(vector)
-    return draw
-
-
-InitialModels = tuple[np.ndarray, Callable[[int], np.ndarray]]
-
-
-def initial_models(module: torch.nn.Module, seed: int, transform: ParameterTransform | None
-                   ) -> InitialModels:
-    """The initial model as the server holds it (P-space under privacy) and Setup.draw_initial.
-
-    `module` holds the initial weights. Wherever the privacy secret is, this is computed: in
-    the simulator here, under Flower with client-held secrets on a node (`query.initial`).
-    """
-    initial = FlatModel(module).initial_vector().numpy()
-    first = initial if transform is None else transform.forward(initial)
-    return first, initial_draws(module, seed, first, transform)
-
-
-def build_federation_for(config: Mapping[str, Any], data_dir: str | None = None) -> Federation:
-    if config["data"]["dataset"] == own.FOLDERS:
-        # Own data: the folders are the federation; no scenario applies.
-        return own.federation_from_config(config["data"], config["seed"])
-    data = dict(config["data"])
-    name, root = data.pop("dataset"), data.pop("root", None)
-    dataset = load_dataset(name, data_dir or root, **data)
-    return build_federation(dataset, config["scenario"], config["seed"])
-
-
-def privacy_transform(config: Mapping[str, Any], size: int, secret: bytes | None = None
-                      ) -> ParameterTransform | None:
-    """The clients' side of run.privacy for a model of `size` parameters, or None.
-
-    The clients' shared secret, never in Setup: `secret` (a Flower node's own file), else the
-    file run.privacy_secret_file names, else run.privacy_seed or a seed derived from the run's
-    seed (both known to whoever holds the config).
-    """
-    run = config["run"]
-    if run["privacy"] == "none":
-        return None
-    if secret is None and run.get("privacy_secret_file"):
-        secret = read_secret_file(run["privacy_secret_file"])
-    if secret is not None:
-        if run["privacy_seed"] is not None:
-            raise ConfigError("run.privacy_seed and a privacy secret file are both given: the "
-                              "file is the clients' secret; drop run.privacy_seed")
-        return ParameterTransform.from_secret(run["privacy"], secret, size)
-    seed = run["privacy_seed"] if run["privacy_seed"] is not None else config["seed"] + 0x5EC
-    return ParameterTransform.from_seed(run["privacy"], seed, size)
 
 
 class Simulation:
@@ -148,46 +57,20 @@ class Simulation:
         `initial`, if given, supplies the initial models (`initial_models`) from where the
         privacy secret is, instead of computing them here (Flower with client-held secrets).
         """
-        self.config = cfg.resolve(config)
+        built = build_run(config, federation=federation, data_dir=data_dir, module=module,
+                          executor=executor, initial=initial)
+        self.config, self.federation, self.model = built.config, built.federation, built.model
+        self.algorithm, self.spec, self.setup = built.algorithm, built.spec, built.setup
+        self.executor, self.owns_executor = built.executor, built.owns_executor
         self.folder = RunFolder(Path(out_dir)) if out_dir is not None else None
-        self.federation = federation or build_federation_for(self.config, data_dir)
         self.callbacks = list(callbacks)
-        seed = self.config["seed"]
-        if module is None:
-            module = build_model(**{"input_shape": self.federation.input_shape,
-                                    "n_classes": self.federation.n_classes,
-                                    **self.config["model"]})
-            initial_params(module, seed)
-        self.model = FlatModel(module)
-        self.algorithm = build_algorithm(self.config["algorithm"])
-        self.spec = train_spec(self.config["train"])
-        # Only the in-process executor needs the transform; a given one holds its own (or its
-        # nodes do), so a server never derives one, let alone reads a secret file.
-        transform = (privacy_transform(self.config, self.model.size)
-                     if executor is None or initial is None else None)
-        # The initial vector is read before the executor moves the module to its device.
-        first, draw = initial() if initial is not None else initial_models(module, seed,
-                                                                           transform)
-        if first.shape != (self.model.size,):
-            raise ConfigError(f"the initial model has shape {first.shape}; the model has "
-                              f"{self.model.size} parameters")
-        # An executor built here is closed here, when a run ends (worker processes stop);
-        # a given one is its owner's to close.
-        self.owns_executor = executor is None
-        self.executor: Executor = executor or build_executor(
-            self.config["run"], self.model, self.federation, seed, transform,
-            self.config["eval"]["validation_fraction"], self.config["train"])
-        # The layout is hidden under the privacy transform: coordinates are permuted there.
-        layout = None if self.config["run"]["privacy"] != "none" else tuple(
-            (n, tuple(s)) for n, s in zip(self.model.names, self.model.shapes, strict=True))
-        self.setup = Setup(self.federation.num_clients, first, self.executor.train_sizes(), seed,
-                           layout, draw_initial=draw)
         # Protocol 'local' evaluates each client's own last trained model, kept here.
         self.own_models: dict[int, np.ndarray] | None = (
             {} if self.config["eval"]["protocol"] in ("local", "sampled_local") else None)
         # Protocol 'sampled_local': this round's sampled clients and their models from before it.
         self.previous_models: dict[int, np.ndarray] = {}
         self.round_sampled = np.arange(self.federation.num_clients)
+        self.next_id = 0   # the next task id of the round
 
     # One round -----------------------------------------------------------------------------
 
@@ -195,12 +78,13 @@ class Simulation:
                  events: list[dict[str, Any]]) -> list[ClientResult]:
         """Run tasks; drop results with NaN or Inf (logged), keep the rest."""
         # A remote executor may return fewer results than tasks (a client that never answered).
+        tasks = self._numbered(tasks)
         kept = []
         for task, result in match_results(tasks, self.executor.run(tasks, r, step)):
             if result.is_finite():
                 kept.append(result)
                 if (result.kind is TaskKind.TRAIN and self.own_models is not None
-                        and task.meta.get(OWN_MODEL, True)):
+                        and task.own_model):
                     trained = task.params + result.update
                     self.own_models[result.client] = trained.astype(np.float32)
             else:
@@ -209,6 +93,12 @@ class Simulation:
                 events.append({"round": r + 1, "type": "rejected_result", "client": result.client,
                                "task": result.kind.value, "reason": "non-finite values"})
         return kept
+
+    def _numbered(self, tasks: Sequence[ClientTask]) -> list[ClientTask]:
+        """The tasks with ids unique within the round (the count restarts every round)."""
+        out = numbered(tasks, self.next_id)
+        self.next_id += len(out)
+        return out
 
     def _executor_events(self) -> list[dict[str, Any]]:
         """Events a remote executor logged (missing clients, rejected replies, joins)."""
@@ -230,6 +120,7 @@ class Simulation:
         sampled = sample_clients(self.config["seed"], r, self.federation.num_clients,
                                  train["participation"])
         ctx = RoundContext(r, sampled, self.spec.decayed(float(train["lr_decay"]), r))
+        self.next_id = 0
         if self.config["eval"]["protocol"] == "sampled_local":
             assert self.own_models is not None
             self.round_sampled = sampled
@@ -342,54 +233,36 @@ class Simulation:
         return summary
 
     def _evaluate(self, state: Any, view: ClusterView, r: int) -> dict[str, Any]:
-        """The evaluation protocol's per-client figures, as one metrics record (after round r)."""
-        true = self.federation.true_clusters
-        target = self.config["eval"]["target_accuracy"]
-        if self.config["eval"]["protocol"] == "sampled_local":
-            record = round_record(evaluate_clients(self.executor, view, self.own_models), view,
-                                  true, target)
-            record["local_mean_accuracy"] = record["mean_accuracy"]
-            record["mean_accuracy"] = sampled_local_accuracy(
-                self.executor, view, self.previous_models, self.round_sampled,
-                self.executor.test_sizes())
-            return record
-        if self.config["eval"]["protocol"] == "min_test_loss":
-            figures, chosen = least_test_loss(self.executor, view)
-            record = round_record(figures, view, true, target)
-            served = evaluate_clients(self.executor, view, None)
-            record.update({"served_mean_accuracy": evaluated_mean(served[:, 1]),
-                           "test_chose_served": float(np.mean(chosen == view.assignment))})
-            return record
+        """The evaluation protocol's metrics record after round r: its tasks run through the
+        executor like the algorithm's (numbered in the round), scored by the registry's
+        protocol."""
+        ev = self.eval_context(state, view, r)
+        return run_protocol(PROTOCOLS[self.config["eval"]["protocol"]], ev,
+                            lambda tasks: self._run_evaluation(tasks, r))
+
+    def eval_context(self, state: Any, view: ClusterView, r: int) -> EvalContext:
+        protocol = self.config["eval"]["protocol"]
         adaptation = getattr(self.algorithm, "adaptation", None)
         spec = None
         # An algorithm's own test-time adaptation replaces the 'cluster' and 'local' protocols'
-        # models; 'best_of_path' chooses among path models and is left as it is.
-        if adaptation is not None and self.config["eval"]["protocol"] != "best_of_path":
+        # models; the other protocols choose among models and are left as they are.
+        if adaptation is not None and protocol in ("cluster", "local"):
             spec = adaptation(state, self.spec.decayed(float(self.config["train"]["lr_decay"]),
                                                        r))
-        if spec is not None:
-            # Test-time adaptation: each client fine-tunes its served model, then is tested.
-            served = evaluate_clients(self.executor, view, None)
-            record = round_record(evaluate_adapted(self.executor, view, spec, r), view, true,
-                                  target)
-            record["served_mean_accuracy"] = evaluated_mean(served[:, 1])
-            return record
-        if self.config["eval"]["protocol"] != "best_of_path":
-            record = round_record(evaluate_clients(self.executor, view, self.own_models), view,
-                                  true, target)
-            if self.own_models is not None and self.config["eval"]["also_cluster"]:
-                # The other protocol too: each client's cluster model (PACFL reports both).
-                acc = evaluate_clients(self.executor, view, None)[:, 1]
-                record.update({"cluster_mean_accuracy": evaluated_mean(acc),
-                               "cluster_per_client_accuracy": [round(float(a), 6)
-                                                               for a in acc]})
-            return record
-        chosen, depth = best_of_path(self.executor, self.algorithm, state, view)
-        record = round_record(chosen, view, true, target)
-        leaf = evaluate_clients(self.executor, view, None)
-        record.update({"leaf_mean_accuracy": evaluated_mean(leaf[:, 1]),
-                       "chosen_path_depth": depth.tolist()})
-        return record
+        paths = getattr(self.algorithm, "path_models", None)
+        return EvalContext(
+            view=view, true_clusters=self.federation.true_clusters,
+            test_sizes=self.executor.test_sizes(),
+            target_accuracy=self.config["eval"]["target_accuracy"],
+            own_models=self.own_models, previous_models=self.previous_models,
+            sampled=self.round_sampled, also_cluster=bool(self.config["eval"]["also_cluster"]),
+            adaptation=spec,
+            path_models=None if paths is None else (lambda c: paths(state, c)))
+
+    def _run_evaluation(self, tasks: Sequence[ClientTask], r: int) -> Pairs:
+        """One phase of an evaluation protocol (its TRAIN tasks seeded apart from training)."""
+        tasks = self._numbered(tasks)
+        return match_results(tasks, self.executor.run(tasks, r, ADAPTATION_STEP))
 
     def _summary(self, state: Any, last: Mapping[str, Any], wall: float) -> dict[str, Any]:
         view = self.algorithm.clusters(state)

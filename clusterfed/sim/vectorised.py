@@ -20,7 +20,7 @@ Models with batch-norm statistics, dropout or recurrent layers, and tasks carryi
 extras this executor does not know (any non-default field beyond the plain TrainSpec, or a
 non-scalar meta value), run on the sequential path with a logged notice, as do GRADIENT
 tasks and single-model evaluations. LOSSES and EVALUATE tasks with several models run as one
-vmap over the models (`sim.batched.evaluate_models`); a LOSSES task's LossSpec picks its data
+vmap over the models (`client.batched.evaluate_models`); a LOSSES task's LossSpec picks its data
 as `client.work.loss_data` does, from the same seeded generator.
 """
 
@@ -39,21 +39,22 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import grad_and_value, vmap
 
+from clusterfed.client.batched import evaluate_models
 from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.sgd import sgd_step
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind, TrainSpec
 from clusterfed.client.work import IGNORE_INDEX, loss_data
 from clusterfed.data.scenarios import Federation
 from clusterfed.models.flat import FlatModel
-from clusterfed.sim.batched import evaluate_models
 from clusterfed.sim.executor import SequentialExecutor
+from clusterfed.tasks import ClientResult, ClientTask, TaskKind, TrainSpec
 
 log = logging.getLogger("clusterfed")
 
 # What this executor knows how to run; anything else on a task is an extra it must not drop.
 PLAIN_SPEC_FIELDS = frozenset({"lr", "batch_size", "epochs", "steps", "momentum",
                                "weight_decay", "clip_grad_norm"})
-PLAIN_TASK_FIELDS = frozenset({"client", "kind", "params", "train", "meta", "loss"})
+PLAIN_TASK_FIELDS = frozenset({"client", "kind", "params", "train", "meta", "loss", "id",
+                               "own_model", "split"})
 # Bytes of working memory per vmap call: all clients' parameters, gradients, velocities and
 # activations together. On CUDA, a quarter of the free memory.
 CPU_BUDGET_BYTES = 512 * 2**20
@@ -299,7 +300,7 @@ class VectorisedExecutor(SequentialExecutor):
             if self.transform is not None:
                 update = self.transform.forward(update)
             out.append(ClientResult(t.client, t.kind, n, update=update, loss=loss,
-                                    meta={**t.meta, "local_steps": steps}))
+                                    meta={**t.meta, "local_steps": steps}, task_id=t.id))
         return out
 
     def _stack(self, params: np.ndarray) -> torch.Tensor:
@@ -325,8 +326,9 @@ class VectorisedExecutor(SequentialExecutor):
             loss, _ = self._evaluate_many(w, x, y)
             # The client's compute time, as run_task reports it (LCFL's cost figures).
             meta = {**task.meta, "seconds": time.perf_counter() - began}
-            return ClientResult(task.client, task.kind, len(train[1]), losses=loss, meta=meta)
-        x, y = self.test[task.client]
+            return ClientResult(task.client, task.kind, len(train[1]), losses=loss, meta=meta,
+                                task_id=task.id)
+        x, y = (self.test if task.split == "test" else self.validation)[task.client]
         loss, acc = self._evaluate_many(w, x, y)
         return ClientResult(task.client, task.kind, len(y), losses=loss, accuracies=acc,
-                            loss=float(loss[0]), meta=task.meta)
+                            loss=float(loss[0]), meta=task.meta, task_id=task.id)

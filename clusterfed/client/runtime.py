@@ -1,0 +1,143 @@
+"""One client-side runtime: the clients' tensors, `run_task`, the device, the privacy transform.
+
+The in-process executors (sequential, vectorised, each worker of the processes executor) and
+every Flower node run their tasks through a `ClientRuntime`, so a task computes the same thing
+wherever it runs: the same train/validation split, the same per-(round, step, client) generator,
+the same evaluation code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from clusterfed.client.batched import evaluate_clients
+from clusterfed.client.privacy import ParameterTransform
+from clusterfed.client.work import run_task
+from clusterfed.data.scenarios import Federation
+from clusterfed.models.flat import FlatModel
+from clusterfed.tasks import ClientResult, ClientTask, TaskKind
+
+Data = tuple[torch.Tensor, torch.Tensor]
+
+
+def evaluate_result(task: ClientTask, loss: float, accuracy: float, num_samples: int
+                    ) -> ClientResult:
+    """The answer to a one-model EVALUATE task."""
+    return ClientResult(task.client, TaskKind.EVALUATE, num_samples,
+                        losses=np.array([loss]), accuracies=np.array([accuracy]), loss=loss,
+                        meta=task.meta, task_id=task.id)
+
+
+def one_model_evaluation(task: ClientTask) -> bool:
+    return task.kind is TaskKind.EVALUATE and np.ndim(task.params) == 1
+
+
+def evaluation_runs(tasks: Sequence[ClientTask]) -> list[list[int]]:
+    """Indices of `tasks` in runs: consecutive one-model EVALUATE tasks that hold the same
+    array on the same split form one run (scored together); every other task is a run alone."""
+    runs: list[list[int]] = []
+    for i, task in enumerate(tasks):
+        last = tasks[runs[-1][-1]] if runs else None
+        if (last is not None and one_model_evaluation(task) and one_model_evaluation(last)
+                and task.params is last.params and task.split == last.split):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
+class ClientRuntime:
+    """Clients' data as zero-copy tensors on one device, and one reusable model."""
+
+    def __init__(self, model: FlatModel, federation: Federation, seed: int,
+                 transform: ParameterTransform | None = None,
+                 validation_fraction: float = 0.0, device: str | torch.device = "cpu") -> None:
+        self.model = model
+        self.seed = seed
+        # On an accelerator the module and every client's data move there once; on the CPU
+        # `.to` returns the same tensors.
+        self.device = torch.device(device)
+        model.module.to(self.device)
+        # The clients' side of the privacy transform: parameters arrive in P-space.
+        self.transform = transform
+        # torch.from_numpy shares memory with the federation's arrays: no copies.
+        # The last `validation_fraction` of each client's (already shuffled) training data is
+        # held out: it never trains, and selects among models (protocol best_of_path).
+        self.train: list[Data] = []
+        self.validation: list[Data] = []
+        for c in federation.clients:
+            x = torch.from_numpy(c.train_x).to(self.device)
+            y = torch.from_numpy(c.train_y).to(self.device)
+            held = int(round(validation_fraction * len(y))) if validation_fraction else 0
+            held = min(max(held, 1 if validation_fraction else 0), len(y) - 1)
+            self.train.append((x[:len(y) - held], y[:len(y) - held]))
+            self.validation.append((x[len(y) - held:], y[len(y) - held:]))
+        self.test = [(torch.from_numpy(c.test_x).to(self.device),
+                      torch.from_numpy(c.test_y).to(self.device)) for c in federation.clients]
+
+    def run(self, tasks: Sequence[ClientTask], round_index: int, step: int = 0
+            ) -> list[ClientResult]:
+        """Every task's result, in task order; one model sent to many clients' EVALUATE tasks
+        goes through the model once for them all."""
+        results: list[ClientResult] = []
+        for run in evaluation_runs(tasks):
+            first = tasks[run[0]]
+            if len(run) == 1:
+                results.append(self.run_as(first, first.client, round_index, step))
+                continue
+            clients = [tasks[i].client for i in run]
+            figures = self.evaluate(first.params, clients, first.split)
+            data = self.test if first.split == "test" else self.validation
+            results += [evaluate_result(tasks[i], float(loss), float(acc), len(data[c][1]))
+                        for i, c, (loss, acc) in zip(run, clients, figures, strict=True)]
+        return results
+
+    def run_as(self, task: ClientTask, data: int, round_index: int, step: int = 0
+               ) -> ClientResult:
+        """One task on the data held at index `data`, with the task's client's generator.
+
+        In-process both are the client; a Flower node holds one client's data at its own index.
+        """
+        if one_model_evaluation(task):
+            held = self.test if task.split == "test" else self.validation
+            (loss, acc), = self.evaluate(task.params, [data], task.split)
+            return evaluate_result(task, float(loss), float(acc), len(held[data][1]))
+        generator = self.generator(task.client, round_index, step)
+        tested = self.test[data] if task.split == "test" else self.validation[data]
+        if self.transform is None:
+            return run_task(self.model, task, self.train[data], tested, generator, self.device)
+        plain = replace(task, params=self.transform.inverse(task.params),
+                        objective=task.objective and task.objective.map_vectors(
+                            self.transform.inverse))
+        result = run_task(self.model, plain, self.train[data], tested, generator, self.device)
+        if result.update is not None:
+            result = replace(result, update=self.transform.forward(result.update))
+        return result
+
+    def generator(self, client: int, round_index: int, step: int) -> torch.Generator:
+        """The random source of one client's task: its batch order or loss subsample."""
+        from clusterfed.sim.sampling import task_seed  # sim/ imports this module first
+        return torch.Generator().manual_seed(task_seed(self.seed, round_index, step, client))
+
+    def train_sizes(self) -> np.ndarray:
+        return np.array([len(y) for _, y in self.train], dtype=np.int64)
+
+    def test_sizes(self) -> np.ndarray:
+        return np.array([len(y) for _, y in self.test], dtype=np.int64)
+
+    def evaluate(self, params: np.ndarray, clients: Sequence[int], split: str = "test"
+                 ) -> np.ndarray:
+        """(loss, accuracy) of one model on each listed client's test (or validation) data.
+
+        The clients' data go through the model together, in chunks of about 1,000 samples
+        (`client.batched.evaluate_clients`), not one client at a time.
+        """
+        if self.transform is not None:
+            params = self.transform.inverse(params)
+        w = torch.as_tensor(params).to(self.device)
+        data = self.test if split == "test" else self.validation
+        return evaluate_clients(self.model, w, [data[c] for c in clients]).reshape(-1, 2)
