@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from clusterfed.algorithms.lcfl import loss_distance as ld
 from clusterfed.client.tasks import ClientTask, TaskKind
 from clusterfed.client.work import run_task
-from clusterfed.clustering import loss_distance as ld
 from clusterfed.models import FlatModel, build_model
 from clusterfed.sim import batched
 

@@ -372,7 +372,7 @@ def flower_local(source: str | None, overrides: tuple[str, ...], clients: int | 
         if source or overrides:
             raise ClusterfedError("--resume continues a run with its own config.yaml; "
                                   "give no preset or overrides")
-        from clusterfed.sim.outputs import read_config
+        from clusterfed.run_folder import read_config
 
         folder, config = Path(resume_dir), read_config(Path(resume_dir))
     else:

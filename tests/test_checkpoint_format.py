@@ -11,7 +11,7 @@ from helpers import comparable, tiny_config
 
 from clusterfed import state
 from clusterfed.errors import ConfigError
-from clusterfed.sim.outputs import CHECKPOINT
+from clusterfed.run_folder import CHECKPOINT
 from clusterfed.sim.simulation import Simulation, resume_run, run_config
 
 

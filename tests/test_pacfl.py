@@ -10,9 +10,9 @@ from helpers import comparable, tiny_config
 
 from clusterfed import config as cfg
 from clusterfed.algorithms import RoundContext, Setup, build_algorithm
-from clusterfed.algorithms.pacfl import UNASSIGNED
+from clusterfed.algorithms.pacfl import principal_angles as pa
+from clusterfed.algorithms.pacfl.algorithm import UNASSIGNED
 from clusterfed.client import ClientResult, TaskKind, TrainSpec
-from clusterfed.clustering import principal_angles as pa
 from clusterfed.clustering.metrics import clustering_scores
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import algorithm_sections

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from clusterfed.algorithms.pacfl.principal_angles import client_signature
 from clusterfed.client.sgd import sgd_step
 from clusterfed.client.tasks import (
     ClientResult,
@@ -19,7 +20,6 @@ from clusterfed.client.tasks import (
     TaskKind,
     TrainSpec,
 )
-from clusterfed.clustering.principal_angles import client_signature
 from clusterfed.models.flat import FlatModel
 
 # Targets per evaluation chunk: 1000 images, or fewer sequences when each has many tokens.

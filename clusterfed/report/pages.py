@@ -9,11 +9,16 @@ from typing import Any
 
 import numpy as np
 
+from clusterfed.algorithms.cfl import report as cfl_plots
+from clusterfed.algorithms.flhc import report as flhc_plots
+from clusterfed.algorithms.ifca import report as ifca_plots
+from clusterfed.algorithms.lcfl import report as lcfl_plots
+from clusterfed.algorithms.pacfl import report as pacfl_plots
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import format_table, table_rows
-from clusterfed.report import cfl_plots, flhc_plots, ifca_plots, lcfl_plots, pacfl_plots, plots
+from clusterfed.report import plots
 from clusterfed.report.truth import read_truth, rescored, score_rows
-from clusterfed.sim.outputs import read_config, read_jsonl
+from clusterfed.run_folder import read_config, read_jsonl
 
 
 def write_report(folder: str | Path, truth_file: str | Path | None = None) -> Path:

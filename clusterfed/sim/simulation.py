@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from clusterfed import config as cfg
 from clusterfed.algorithms import ClusterView, RoundContext, Setup, build_algorithm
+from clusterfed.algorithms.cfl.maths import separation_gap
 from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.secret import read_secret_file
 from clusterfed.client.tasks import (
@@ -26,11 +27,11 @@ from clusterfed.client.tasks import (
     TrainSpec,
     match_results,
 )
-from clusterfed.clustering.cfl_math import separation_gap
 from clusterfed.clustering.metrics import has_truth, truth_scores
 from clusterfed.data import Federation, build_federation, load_dataset, own
 from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel, build_model
+from clusterfed.run_folder import RunFolder, read_config
 from clusterfed.sim.choice import build_executor
 from clusterfed.sim.evaluation import (
     best_of_path,
@@ -42,7 +43,6 @@ from clusterfed.sim.evaluation import (
     sampled_local_accuracy,
 )
 from clusterfed.sim.executor import Executor
-from clusterfed.sim.outputs import RunFolder, read_config
 from clusterfed.sim.sampling import sample_clients
 
 log = logging.getLogger("clusterfed")

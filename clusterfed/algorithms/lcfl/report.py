@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 
 from clusterfed.clustering.metrics import clustering_scores  # noqa: E402
 from clusterfed.report import plots  # noqa: E402
-from clusterfed.sim.outputs import read_jsonl  # noqa: E402
+from clusterfed.run_folder import read_jsonl  # noqa: E402
 
 Record = Mapping[str, Any]
 IMAGES = {"distance": "lcfl_distance.png", "accuracy": "lcfl_accuracy.png"}

@@ -47,8 +47,8 @@ from clusterfed.algorithms.base import (
     Update,
     check_choices,
 )
+from clusterfed.algorithms.lcfl import loss_distance as ld
 from clusterfed.client.tasks import ClientResult, ClientTask, LossSpec, TaskKind, TrainSpec
-from clusterfed.clustering import loss_distance as ld
 from clusterfed.clustering import precomputed as pc
 from clusterfed.state import serialisable
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from clusterfed.clustering import cfl_math
+from clusterfed.algorithms.cfl import maths as cfl_math
 from clusterfed.clustering.similarity import cosine_similarity_matrix
 
 KS = (2, 3, 5, 10, 20)

@@ -51,8 +51,8 @@ from clusterfed.algorithms.base import (
     Update,
     check_choices,
 )
+from clusterfed.algorithms.cfl import maths as cfl_math
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
-from clusterfed.clustering import cfl_math
 from clusterfed.clustering.similarity import cosine_similarity_matrix
 from clusterfed.state import serialisable
 

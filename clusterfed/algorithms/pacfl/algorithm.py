@@ -47,9 +47,9 @@ from clusterfed.algorithms.base import (
     Update,
     check_choices,
 )
+from clusterfed.algorithms.pacfl import principal_angles as pa
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
 from clusterfed.clustering import precomputed as pc
-from clusterfed.clustering import principal_angles as pa
 from clusterfed.clustering.precomputed import NO_STRUCTURE, choose_clusters
 from clusterfed.state import serialisable
 

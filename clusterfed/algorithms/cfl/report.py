@@ -25,9 +25,9 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from clusterfed.clustering import cfl_math  # noqa: E402
+from clusterfed.algorithms.cfl import maths as cfl_math  # noqa: E402
 from clusterfed.report import plots  # noqa: E402
-from clusterfed.sim.outputs import read_jsonl  # noqa: E402
+from clusterfed.run_folder import read_jsonl  # noqa: E402
 
 Record = Mapping[str, Any]
 TESTS = ("split", "split_rejected")

@@ -18,7 +18,7 @@ import numpy as np
 
 from clusterfed.algorithms.aggregate import aggregation_weights
 from clusterfed.algorithms.base import ALGORITHMS, RoundContext, Update
-from clusterfed.algorithms.fedavg import FedAvg, FedAvgState
+from clusterfed.algorithms.fedavg.algorithm import FedAvg, FedAvgState
 from clusterfed.client.tasks import ClientResult
 
 

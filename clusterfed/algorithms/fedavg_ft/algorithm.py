@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from clusterfed.algorithms.base import ALGORITHMS
-from clusterfed.algorithms.fedavg import FedAvg, FedAvgState
+from clusterfed.algorithms.fedavg.algorithm import FedAvg, FedAvgState
 from clusterfed.client.tasks import TrainSpec
 
 

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from clusterfed.report import plots  # noqa: E402
-from clusterfed.sim.outputs import read_jsonl  # noqa: E402
+from clusterfed.run_folder import read_jsonl  # noqa: E402
 
 Record = Mapping[str, Any]
 UNKNOWN = -1

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from clusterfed.algorithms.base import ALGORITHMS, RoundContext
-from clusterfed.algorithms.fedavg import FedAvg, FedAvgState
+from clusterfed.algorithms.fedavg.algorithm import FedAvg, FedAvgState
 from clusterfed.client.tasks import ClientTask, LocalObjective, TaskKind
 
 

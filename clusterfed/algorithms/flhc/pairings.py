@@ -27,7 +27,7 @@ from clusterfed.clustering.metrics import clustering_scores, has_truth
 from clusterfed.clustering.precomputed import first_appearance_labels
 from clusterfed.experiments.reproduce import _run_one
 from clusterfed.experiments.sweep import figures_at, round_of
-from clusterfed.sim.outputs import read_jsonl
+from clusterfed.run_folder import read_jsonl
 from clusterfed.sim.simulation import build_federation_for
 
 PAIRINGS = tuple((m, link) for m in ("cosine", "l2", "l1")

@@ -25,7 +25,7 @@ import numpy as np
 
 from clusterfed.algorithms.aggregate import aggregation_weights
 from clusterfed.algorithms.base import ALGORITHMS, ClusterView, RoundContext, Setup, Update
-from clusterfed.algorithms.fedavg import FedAvgState, apply_updates
+from clusterfed.algorithms.fedavg.algorithm import FedAvgState, apply_updates
 from clusterfed.client.tasks import (
     MAML_VARIANTS,
     ClientResult,

@@ -22,9 +22,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy.cluster.hierarchy import dendrogram  # noqa: E402
 
-from clusterfed.clustering import principal_angles as pa  # noqa: E402
+from clusterfed.algorithms.pacfl import principal_angles as pa  # noqa: E402
 from clusterfed.report import plots  # noqa: E402
-from clusterfed.sim.outputs import read_jsonl  # noqa: E402
+from clusterfed.run_folder import read_jsonl  # noqa: E402
 
 Record = Mapping[str, Any]
 IMAGES = {"proximity": "pacfl_proximity.png", "dendrogram": "pacfl_dendrogram.png",

@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 from scipy.cluster import hierarchy  # noqa: E402
 
 from clusterfed.report import plots  # noqa: E402
-from clusterfed.sim.outputs import read_jsonl  # noqa: E402
+from clusterfed.run_folder import read_jsonl  # noqa: E402
 
 Record = Mapping[str, Any]
 IMAGES = {"dendrogram": "flhc_dendrogram.png", "curves": "flhc_curves.png",
