@@ -203,8 +203,8 @@ def benchmark(overrides: tuple[str, ...], quick: bool, datasets: str | None,
 @main.command()
 def presets() -> None:
     """List the presets."""
-    for name in cfg.preset_names():
-        first = (cfg.presets_dir() / f"{name}.yaml").read_text().splitlines()[0]
+    for name, path in sorted(cfg.preset_paths().items()):
+        first = path.read_text().splitlines()[0]
         click.echo(f"{name:28s} {first.lstrip('# ') if first.startswith('#') else ''}")
 
 

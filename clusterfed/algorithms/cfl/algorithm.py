@@ -93,7 +93,7 @@ def _leaf_index(state: CFLState, node: int) -> int:
     return int(np.flatnonzero(state.leaves == node)[0])
 
 
-@ALGORITHMS.register("cfl")
+@ALGORITHMS.register("cfl", report=".report")
 @dataclass(frozen=True)
 class CFL:
     eps1: float | None = None           # split when the cluster's mean update norm is below

@@ -406,7 +406,7 @@ def split_table(events: Sequence[Record], true: Sequence[int] | None) -> list[st
     return lines
 
 
-def cfl_section(folder: Path, summary: Record, metrics: Sequence[Record]) -> list[str]:
+def run_section(folder: Path, summary: Record, metrics: Sequence[Record]) -> list[str]:
     """Draw the CFL figures into `folder`; returns the report's "## CFL" section as lines."""
     events = read_jsonl(folder / "events.jsonl")
     true = summary["clustering"]["true_assignment"]

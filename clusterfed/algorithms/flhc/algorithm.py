@@ -79,7 +79,7 @@ def cluster_models(base: np.ndarray, labels: np.ndarray, updates: np.ndarray,
     return cluster_fedavg(models, updates, labels, weights) if from_updates else models
 
 
-@ALGORITHMS.register("flhc")
+@ALGORITHMS.register("flhc", report=".report")
 @dataclass(frozen=True)
 class FLHC:
     rounds_before_clustering: int = 10   # n: FedAvg rounds before the clustering round

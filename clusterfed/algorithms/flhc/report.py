@@ -111,7 +111,7 @@ def ratio(value: float | None, base: float | None) -> str:
     return "-" if base == 0 else f"{value / base:.2f}x"
 
 
-def flhc_section(folder: Path, summary: Record, metrics: Sequence[Record]) -> list[str]:
+def run_section(folder: Path, summary: Record, metrics: Sequence[Record]) -> list[str]:
     """The run report's FL+HC section: dendrogram with the cut, curves, key figures."""
     events = read_jsonl(folder / "events.jsonl") if (folder / "events.jsonl").exists() else []
     event = clustering_event(events)
@@ -168,6 +168,8 @@ def comparison_rows(fedavg: Sequence[Record], flhc: Sequence[Record]
 def comparison_section(folder: Path, runs: Mapping[str, Sequence[Record]],
                        fedavg: str = "fedavg", flhc: str = "flhc") -> list[str]:
     """A comparison report's FL+HC / FL table (the ratio of the paper's tables) and curves."""
+    if fedavg not in runs or flhc not in runs:
+        return []
     rows = comparison_rows(runs[fedavg], runs[flhc])
     curves_plot({fedavg: runs[fedavg], flhc: runs[flhc]}, clustering_round(runs[flhc]),
                 folder / IMAGES["compare"])

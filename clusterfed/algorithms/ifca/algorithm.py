@@ -159,7 +159,7 @@ def random_groups(num_clients: int, k: int, rng: np.random.Generator) -> np.ndar
 # The algorithm ------------------------------------------------------------------------------
 
 
-@ALGORITHMS.register("ifca")
+@ALGORITHMS.register("ifca", report=".report")
 @dataclass(frozen=True)
 class IFCA:
     k: int | None = None                # number of cluster models; None: from the data

@@ -69,7 +69,7 @@ def ari_plot(metrics: Sequence[Record], path: Path) -> bool:
     return True
 
 
-def ifca_section(folder: Path, summary: Record, metrics: Sequence[Record]) -> list[str]:
+def run_section(folder: Path, summary: Record, metrics: Sequence[Record]) -> list[str]:
     """Draw the IFCA figures into `folder`; returns the report's "## IFCA" section as lines."""
     events = read_jsonl(folder / "events.jsonl")
     groups, what = plots.grouping(summary["clustering"])

@@ -110,7 +110,7 @@ def logged_clients(num_clients: int, limit: int) -> np.ndarray:
     return np.unique(np.linspace(0, num_clients - 1, limit).round().astype(np.int64))
 
 
-@ALGORITHMS.register("lcfl")
+@ALGORITHMS.register("lcfl", report=".report")
 @dataclass(frozen=True)
 class LCFL:
     k: int | None = None              # clusters; None: by silhouette on d up to k_max

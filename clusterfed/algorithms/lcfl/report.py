@@ -70,7 +70,7 @@ def accuracy_plot(metrics: Sequence[Record], clustering_round: int | None, path:
     plots.accuracy_curves(metrics, path, mark=warm_up)
 
 
-def lcfl_section(folder: Path, summary: Record, metrics: Sequence[Record]) -> list[str]:
+def run_section(folder: Path, summary: Record, metrics: Sequence[Record]) -> list[str]:
     """The report lines of the LCFL section; writes its PNGs into `folder`."""
     events = read_jsonl(folder / "events.jsonl") if (folder / "events.jsonl").exists() else []
     event = clustering_event(events)

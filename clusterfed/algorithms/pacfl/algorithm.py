@@ -70,7 +70,7 @@ class PACFLState:
     threshold: float = float("nan")  # degrees: beta, or the height of the first cut
 
 
-@ALGORITHMS.register("pacfl")
+@ALGORITHMS.register("pacfl", report=".report")
 @dataclass(frozen=True)
 class PACFL:
     # The cut: at beta degrees (the paper's rule; the code's default 3.5), into n_clusters, or

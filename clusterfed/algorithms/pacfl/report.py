@@ -24,7 +24,7 @@ from scipy.cluster.hierarchy import dendrogram  # noqa: E402
 
 from clusterfed.algorithms.pacfl import principal_angles as pa  # noqa: E402
 from clusterfed.report import plots  # noqa: E402
-from clusterfed.run_folder import read_jsonl  # noqa: E402
+from clusterfed.run_folder import read_config, read_jsonl  # noqa: E402
 
 Record = Mapping[str, Any]
 IMAGES = {"proximity": "pacfl_proximity.png", "dendrogram": "pacfl_dendrogram.png",
@@ -203,8 +203,9 @@ def newcomer_accuracy(summary: Record, config: Record) -> tuple[float, float | N
     return own, (float(np.mean(np.asarray(cluster)[newcomers])) if cluster else None)
 
 
-def pacfl_section(folder: Path, summary: Record, metrics: Sequence[Record],
-                  config: Record | None = None) -> list[str]:
+def run_section(folder: Path, summary: Record, metrics: Sequence[Record]) -> list[str]:
+    """A run report's "PACFL" section."""
+    config = read_config(folder) if (folder / "config.yaml").exists() else {}
     events = read_jsonl(folder / "events.jsonl") if (folder / "events.jsonl").exists() else []
     found = clustering_events(events)
     lines = ["## PACFL", ""]
@@ -234,7 +235,7 @@ def pacfl_section(folder: Path, summary: Record, metrics: Sequence[Record],
         lines.append(f"- mean accuracy, each client's own model after its last local training "
                      f"(the paper's protocol): {final['mean_accuracy']:.4f}; each client's "
                      f"cluster model: {final['cluster_mean_accuracy']:.4f}")
-    news = newcomer_accuracy(summary, config or {})
+    news = newcomer_accuracy(summary, config)
     if news is not None:
         text = f"- newcomers ({len(config['algorithm']['newcomers'])}): mean accuracy {news[0]:.4f}"
         if news[1] is not None:
@@ -249,10 +250,10 @@ def pacfl_section(folder: Path, summary: Record, metrics: Sequence[Record],
                          f"({started} new)")
         else:
             moved = [e.get("old_moved", 0) for e in joins]
-            keep = not (config or {}).get("algorithm", {}).get("reassign_existing", False)
+            keep = not config.get("algorithm", {}).get("reassign_existing", False)
             lines.append(text + f"; old clients the rerun put in another cluster: {sum(moved)}"
                          + (" (kept in their own)" if keep else " (moved)"))
-    participation = float((config or {}).get("train", {}).get("participation", 0.1))
+    participation = float(config.get("train", {}).get("participation", 0.1))
     lines += ["", "### Rounds to target (Table 4) and the paper's cost to reach it "
               "(Tables 8, 9)", ""]
     lines += targets_table({"pacfl": metrics}, participation, model_size(metrics))
@@ -261,3 +262,12 @@ def pacfl_section(folder: Path, summary: Record, metrics: Sequence[Record],
               "### Dendrogram and its cut", "", f"![dendrogram]({IMAGES['dendrogram']})", "",
               "### Clusters against beta", "", f"![beta]({IMAGES['beta']})", ""]
     return lines
+
+
+def comparison_section(folder: Path, runs: Mapping[str, Sequence[Record]]) -> list[str]:
+    """A comparison report's rounds to target and their cost, for every run."""
+    if not (folder / "config.yaml").exists():
+        return []
+    participation = float(read_config(folder)["train"]["participation"])
+    return ["## Rounds to target and the paper's cost (PACFL Tables 4, 8, 9)", "",
+            *targets_table(runs, participation, model_size(runs["pacfl"])), ""]
