@@ -27,7 +27,7 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 from clusterfed.client.tasks import ClientResult, ClientTask
-from clusterfed.data.scenarios import ClientData, Federation
+from clusterfed.data.federation import ClientData, Federation
 from clusterfed.errors import ClusterfedError
 from clusterfed.flower import membership, wire
 from clusterfed.sim.simulation import InitialModels

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from clusterfed.client.privacy import ParameterTransform
-from clusterfed.data.scenarios import Federation
+from clusterfed.data.federation import Federation
 from clusterfed.errors import ConfigError
 from clusterfed.models.flat import FlatModel
 from clusterfed.sim.executor import Executor, SequentialExecutor

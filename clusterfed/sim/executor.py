@@ -12,7 +12,7 @@ import torch
 from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.tasks import ClientResult, ClientTask
 from clusterfed.client.work import run_task
-from clusterfed.data.scenarios import Federation
+from clusterfed.data.federation import Federation
 from clusterfed.models.flat import FlatModel
 from clusterfed.sim.batched import evaluate_clients
 from clusterfed.sim.sampling import task_seed

@@ -43,7 +43,7 @@ from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.sgd import sgd_step
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind, TrainSpec
 from clusterfed.client.work import IGNORE_INDEX, loss_data
-from clusterfed.data.scenarios import Federation
+from clusterfed.data.federation import Federation
 from clusterfed.models.flat import FlatModel
 from clusterfed.sim.batched import evaluate_models
 from clusterfed.sim.executor import SequentialExecutor
