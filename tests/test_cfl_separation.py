@@ -1,4 +1,4 @@
-"""CFL Fig. 3's synthetic study (clusterfed/experiments/cfl_separation.py)."""
+"""CFL Fig. 3's synthetic study (clusterfed/algorithms/cfl/separation.py)."""
 
 from __future__ import annotations
 

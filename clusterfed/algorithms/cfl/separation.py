@@ -6,7 +6,7 @@ clients, and each client's gradient v_{I(i)} + X_i with X_i isotropic normal sca
 ||X_i|| = gamma ||v_{I(i)}||. The paper plots P["correct clustering"] := P[g(alpha) > 0]; the
 bipartition of Algorithm 1 can be correct with g <= 0 too (spec 3.3), so both are reported.
 
-    python -m clusterfed.experiments.cfl_separation [--trials 200] [--seed 0] [--json PATH]
+    python -m clusterfed.algorithms.cfl.separation [--trials 200] [--seed 0] [--json PATH]
 """
 
 from __future__ import annotations

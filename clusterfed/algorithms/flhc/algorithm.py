@@ -101,7 +101,7 @@ class FLHC:
     cluster_rounding: str = "floor"      # A5: floor | round
     weighting: str = "samples"           # FedAvg weights: samples | uniform
     # Every metric's distances of the clustering round in its event, so each metric x linkage
-    # x tau of Tables IV/V can be cut from one run (experiments/flhc_pairings.py).
+    # x tau of Tables IV/V can be cut from one run (flhc/pairings.py).
     record_distances: bool = False
     # A partition fixed in advance (one cluster index per client): the clustering round trains
     # nothing and assigns it, so a partition found by another pairing continues exactly as it
