@@ -40,11 +40,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from clusterfed.algorithms.lcfl import loss_distance as ld
 from clusterfed.client import batched
 from clusterfed.client.tasks import ClientTask, TaskKind
 from clusterfed.client.work import run_task
-from clusterfed.clustering import loss_distance as ld
-from clusterfed.data.scenarios import ClientData, Federation
+from clusterfed.data.federation import ClientData, Federation
 from clusterfed.models import FlatModel, build_model
 from clusterfed.models.grouped import GroupedModel
 from clusterfed.sim.grouped import evaluate_grouped, widest_activation

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from common import machine, mnist, peak_rss_mib
 
-from clusterfed.clustering import cfl_math
+from clusterfed.algorithms.cfl import maths as cfl_math
 from clusterfed.clustering.similarity import cosine_similarity_matrix
 from clusterfed.data import build_federation
 from clusterfed.sim.simulation import Simulation

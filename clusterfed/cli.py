@@ -203,8 +203,8 @@ def benchmark(overrides: tuple[str, ...], quick: bool, datasets: str | None,
 @main.command()
 def presets() -> None:
     """List the presets."""
-    for name in cfg.preset_names():
-        first = (cfg.presets_dir() / f"{name}.yaml").read_text().splitlines()[0]
+    for name, path in sorted(cfg.preset_paths().items()):
+        first = path.read_text().splitlines()[0]
         click.echo(f"{name:28s} {first.lstrip('# ') if first.startswith('#') else ''}")
 
 
@@ -372,7 +372,7 @@ def flower_local(source: str | None, overrides: tuple[str, ...], clients: int | 
         if source or overrides:
             raise ClusterfedError("--resume continues a run with its own config.yaml; "
                                   "give no preset or overrides")
-        from clusterfed.sim.outputs import read_config
+        from clusterfed.run_folder import read_config
 
         folder, config = Path(resume_dir), read_config(Path(resume_dir))
     else:

@@ -75,11 +75,32 @@ KIND_INDEPENDENT = {
 
 
 def presets_dir() -> Path:
+    """The presets of no single method (comparisons, quick starts)."""
     return Path(str(resources.files("clusterfed.experiments") / "presets"))
 
 
+def preset_paths() -> dict[str, Path]:
+    """Every preset, name -> file: `presets_dir()` and each registered method's `presets/`."""
+    # Imported here: the registry sits above this module (the methods' folders).
+    from clusterfed.algorithms import ALGORITHMS
+
+    folders = [presets_dir()]
+    for name in ALGORITHMS.names():
+        package = ALGORITHMS.method(name).package
+        if package:
+            folders.append(Path(str(resources.files(package) / "presets")))
+    found: dict[str, Path] = {}
+    for folder in dict.fromkeys(folders):   # methods sharing a folder list it once
+        for path in sorted(folder.glob("*.yaml")):
+            if path.stem in found:
+                raise ConfigError(f"preset {path.stem!r} is defined twice: {found[path.stem]} "
+                                  f"and {path}")
+            found[path.stem] = path
+    return found
+
+
 def preset_names() -> list[str]:
-    return sorted(p.stem for p in presets_dir().glob("*.yaml"))
+    return sorted(preset_paths())
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -99,9 +120,10 @@ def load_source(source: str) -> tuple[str, dict[str, Any]]:
         if not path.is_file():
             raise ConfigError(f"config file {source} does not exist")
         return path.stem, _read_yaml(path)
-    if source not in preset_names():
-        raise ConfigError(f"unknown preset {source!r}; valid presets: {', '.join(preset_names())}")
-    return source, _read_yaml(presets_dir() / f"{source}.yaml")
+    presets = preset_paths()
+    if source not in presets:
+        raise ConfigError(f"unknown preset {source!r}; valid presets: {', '.join(sorted(presets))}")
+    return source, _read_yaml(presets[source])
 
 
 def merge(base: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,19 @@ def serialisable(cls: type) -> type:
     return cls
 
 
+def _registered(name: str) -> type:
+    """The class a skeleton names. Files written before each method had its own folder name
+    a method's state by the module that became the folder, `clusterfed.algorithms.cfl.CFLState`
+    for what is now `clusterfed.algorithms.cfl.algorithm.CFLState`."""
+    if name not in _TYPES:
+        module, _, qualname = name.rpartition(".")
+        moved = f"{module}.algorithm.{qualname}"
+        if moved in _TYPES:
+            return _TYPES[moved]
+        raise ConfigError(f"this state holds a {name}, which no loaded module defines")
+    return _TYPES[name]
+
+
 def _encode(obj: Any, arrays: list[np.ndarray]) -> Any:
     if isinstance(obj, np.ndarray):
         arrays.append(obj)
@@ -63,7 +76,7 @@ def _decode(node: Any, arrays: dict[str, np.ndarray]) -> Any:
     if "__array__" in node:
         return arrays[f"a{node['__array__']}"]
     if "__dataclass__" in node:
-        cls = _TYPES[node["__dataclass__"]]
+        cls = _registered(node["__dataclass__"])
         return cls(**{k: _decode(v, arrays) for k, v in node["fields"].items()})
     if "__intdict__" in node:
         return {k: _decode(v, arrays) for k, v in node["__intdict__"]}

@@ -14,8 +14,8 @@ from helpers import comparable, tiny_config
 
 from clusterfed import state as st
 from clusterfed.algorithms import ALGORITHMS, RoundContext, Setup, build_algorithm
-from clusterfed.algorithms.fednova import local_step_norms
-from clusterfed.algorithms.lg_fedavg import layer_index, shared_mask
+from clusterfed.algorithms.fednova.algorithm import local_step_norms
+from clusterfed.algorithms.lg_fedavg.algorithm import layer_index, shared_mask
 from clusterfed.client import ClientResult, ClientTask, TaskKind, TrainSpec, run_task
 from clusterfed.client.tasks import LocalObjective
 from clusterfed.client.work import evaluate, meta_train, train

@@ -9,7 +9,7 @@ import pytest
 from helpers import comparable, tiny_config
 
 from clusterfed.algorithms import RoundContext, Setup, build_algorithm
-from clusterfed.algorithms.cfl import (
+from clusterfed.algorithms.cfl.algorithm import (
     CFLState,
     Node,
     join_leaf,
@@ -241,7 +241,7 @@ def test_patience_needs_the_criteria_on_consecutive_rounds():
 
 
 def test_best_of_path_reports_the_best_validating_model_on_each_path():
-    from clusterfed.algorithms.cfl import path_models as paths
+    from clusterfed.algorithms.cfl.algorithm import path_models as paths
     cfg = merge(toy(), {"eval": {"protocol": "best_of_path", "validation_fraction": 0.2,
                                  "every": 30}})
     sim = Simulation(cfg)
@@ -257,7 +257,7 @@ def test_best_of_path_reports_the_best_validating_model_on_each_path():
 
 
 def test_every_round_logs_norms_alpha_gamma_bound_and_the_true_separation_gap(toy_run):
-    from clusterfed.clustering.cfl_math import separation_gap
+    from clusterfed.algorithms.cfl.maths import separation_gap
     out, summary = toy_run
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     true = np.array(summary["clustering"]["true_assignment"])

@@ -13,7 +13,7 @@ from sklearn.cluster import AgglomerativeClustering
 from sklearn.metrics.pairwise import cosine_similarity
 
 from clusterfed.algorithms.aggregate import weighted_mean
-from clusterfed.clustering.cfl_math import (
+from clusterfed.algorithms.cfl.maths import (
     alpha_cross_max,
     complete_linkage_bipartition,
     cross_similarity_bound,

@@ -44,7 +44,7 @@ MEASURING = ["cfl-gap-datasize", "cfl-gap-rounds", "cfl-congruence", "cfl-incong
 
 
 def raw_text(name: str) -> str:
-    return (cfg.presets_dir() / f"{name}.yaml").read_text()
+    return cfg.preset_paths()[name].read_text()
 
 
 def needs(shared_data: Path, name: str) -> Path:

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from helpers import tiny_config
 
-from clusterfed.clustering import cfl_math
+from clusterfed.algorithms.cfl import maths as cfl_math
+from clusterfed.algorithms.cfl import report as cfl_plots
 from clusterfed.config import merge
-from clusterfed.report import cfl_plots
 from clusterfed.report.pages import write_report
-from clusterfed.sim.outputs import read_jsonl
+from clusterfed.run_folder import read_jsonl
 from clusterfed.sim.simulation import run_config
 
 

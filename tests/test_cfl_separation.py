@@ -1,10 +1,10 @@
-"""CFL Fig. 3's synthetic study (clusterfed/experiments/cfl_separation.py)."""
+"""CFL Fig. 3's synthetic study (clusterfed/algorithms/cfl/separation.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from clusterfed.experiments import cfl_separation as sep
+from clusterfed.algorithms.cfl import separation as sep
 
 
 def test_synthetic_gradients_are_stationary_with_noise_at_gamma():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ from helpers import comparable, tiny_config
 
 from clusterfed import state
 from clusterfed.errors import ConfigError
-from clusterfed.sim.outputs import CHECKPOINT
+from clusterfed.run_folder import CHECKPOINT, read_config
 from clusterfed.sim.simulation import Simulation, resume_run, run_config
 
 
@@ -47,3 +48,26 @@ def test_a_newer_format_is_refused_with_a_clear_message(tmp_path):
     rewritten(path, state.FORMAT_VERSION + 1)
     with pytest.raises(ConfigError, match="update clusterfed"):
         state.loads(path.read_bytes())
+
+
+BEFORE_FOLDERS = Path(__file__).parent / "data" / "checkpoints_before_folders"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in BEFORE_FOLDERS.iterdir()))
+def test_a_checkpoint_from_before_the_method_folders_resumes_as_before(name, tmp_path):
+    """Run folders cut after round 2 of 3 by the code before each method had its own folder
+    (commit 91be8fd; its states were named `clusterfed.algorithms.NAME.CLASS`)."""
+    old = BEFORE_FOLDERS / name
+    with np.load(old / CHECKPOINT, allow_pickle=False) as npz:
+        assert f'"clusterfed.algorithms.{name}.' in npz["__skeleton__"].tobytes().decode()
+    shutil.copytree(old, tmp_path / "cut")
+    whole = run_config(read_config(tmp_path / "cut"), tmp_path / "whole")
+    assert comparable(resume_run(tmp_path / "cut")) == comparable(whole)
+
+
+def test_a_state_no_module_defines_is_refused_with_a_clear_message():
+    skeleton = '{"__dataclass__": "clusterfed.nowhere.State", "fields": {}}'
+    buffer = io.BytesIO()
+    np.savez(buffer, __skeleton__=np.frombuffer(skeleton.encode(), dtype=np.uint8))
+    with pytest.raises(ConfigError, match="clusterfed.nowhere.State"):
+        state.loads(buffer.getvalue())

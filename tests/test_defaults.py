@@ -7,8 +7,8 @@ import pytest
 from helpers import tiny_config
 
 from clusterfed.algorithms import ALGORITHMS, RoundContext, Setup, build_algorithm
+from clusterfed.algorithms.cfl import maths as cfl_math
 from clusterfed.client import ClientResult, TaskKind, TrainSpec
-from clusterfed.clustering import cfl_math
 from clusterfed.clustering import precomputed as pc
 from clusterfed.config import merge
 from clusterfed.sim.simulation import run_config

@@ -7,7 +7,7 @@ import pytest
 from helpers import tiny_config
 
 from clusterfed.algorithms import RoundContext, Setup, build_algorithm
-from clusterfed.algorithms.flhc import FLHC, clients_in_cluster, sample_in_cluster
+from clusterfed.algorithms.flhc.algorithm import FLHC, clients_in_cluster, sample_in_cluster
 from clusterfed.client.runtime import evaluation_runs
 from clusterfed.client.tasks import ClientResult, TaskKind, TrainSpec
 from clusterfed.config import merge
@@ -277,7 +277,7 @@ def test_a_given_partition_must_fit():
 
 
 def test_pairings_cut_every_pairing_from_one_run_and_train_only_distinct_partitions(tmp_path):
-    from clusterfed.experiments import flhc_pairings as fp
+    from clusterfed.algorithms.flhc import pairings as fp
 
     config = merge(tiny_config("flhc", train={"rounds": 3}),
                    {"algorithm": {"name": "flhc", "rounds_before_clustering": 1,

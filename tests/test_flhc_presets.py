@@ -10,6 +10,7 @@ from helpers import cli, tiny_config
 
 from clusterfed import config as cfg
 from clusterfed.algorithms import build_algorithm
+from clusterfed.algorithms.flhc.report import comparison_rows, ratio
 from clusterfed.experiments.compare import compare
 from clusterfed.experiments.sweep import (
     format_sweep_table,
@@ -19,7 +20,6 @@ from clusterfed.experiments.sweep import (
     run_sweep,
 )
 from clusterfed.report import write_report
-from clusterfed.report.flhc_plots import comparison_rows, ratio
 from clusterfed.sim.simulation import build_federation_for, run_config
 
 SETTINGS = ["iid", "pathological", "labelswap"]

@@ -35,7 +35,7 @@ from clusterfed.flower.executor import FlowerExecutor  # noqa: E402
 from clusterfed.flower.launch import own_data_config, run_config_for  # noqa: E402
 from clusterfed.flower.local import LocalFederation  # noqa: E402
 from clusterfed.flower.server_app import run_experiment  # noqa: E402
-from clusterfed.sim.outputs import read_jsonl  # noqa: E402
+from clusterfed.run_folder import read_jsonl  # noqa: E402
 from clusterfed.sim.simulation import Simulation, run_config  # noqa: E402
 
 CFL = {"name": "cfl", "acceptance": "fixed", "eps1": 0.6, "eps2": 0.1}

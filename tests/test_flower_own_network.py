@@ -27,7 +27,7 @@ from clusterfed.clustering.metrics import clustering_scores  # noqa: E402
 from clusterfed.data import own  # noqa: E402
 from clusterfed.flower.launch import run_config_for  # noqa: E402
 from clusterfed.flower.local import LocalFederation  # noqa: E402
-from clusterfed.sim.outputs import read_jsonl  # noqa: E402
+from clusterfed.run_folder import read_jsonl  # noqa: E402
 from clusterfed.sim.simulation import run_config  # noqa: E402
 
 pytestmark = pytest.mark.flower

@@ -26,7 +26,7 @@ from clusterfed.flower.app import APP_TOML  # noqa: E402
 from clusterfed.flower.executor import FlowerExecutor  # noqa: E402
 from clusterfed.flower.launch import run_config_for  # noqa: E402
 from clusterfed.flower.server_app import run_experiment  # noqa: E402
-from clusterfed.sim.outputs import read_jsonl  # noqa: E402
+from clusterfed.run_folder import read_jsonl  # noqa: E402
 from clusterfed.sim.simulation import Simulation, run_config  # noqa: E402
 from clusterfed.tasks import (  # noqa: E402
     ClientResult,

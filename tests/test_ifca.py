@@ -12,11 +12,11 @@ from helpers import tiny_config
 
 from clusterfed import config as cfg
 from clusterfed.algorithms import RoundContext, Setup, build_algorithm
-from clusterfed.algorithms.ifca import IFCA, IFCAState, served_clusters
+from clusterfed.algorithms.ifca.algorithm import IFCA, IFCAState, served_clusters
+from clusterfed.algorithms.ifca.report import choice_matrix
 from clusterfed.client import ClientResult, TaskKind, TrainSpec
 from clusterfed.config import merge
 from clusterfed.errors import ConfigError
-from clusterfed.report.ifca_plots import choice_matrix
 from clusterfed.report.pages import write_report
 from clusterfed.sim.simulation import Simulation, run_config
 

@@ -11,7 +11,8 @@ import torch
 from helpers import comparable, tiny_config
 
 from clusterfed.algorithms import RoundContext, build_algorithm
-from clusterfed.algorithms.lcfl import (
+from clusterfed.algorithms.lcfl import loss_distance as ld
+from clusterfed.algorithms.lcfl.algorithm import (
     LCFL,
     LCFLState,
     exchange_cost,
@@ -21,7 +22,6 @@ from clusterfed.algorithms.lcfl import (
 from clusterfed.client import ClientTask, TaskKind, TrainSpec
 from clusterfed.client.tasks import ClientResult, LossSpec
 from clusterfed.client.work import evaluate, loss_data, run_task
-from clusterfed.clustering import loss_distance as ld
 from clusterfed.config import merge
 from clusterfed.errors import ConfigError
 from clusterfed.report.pages import write_report

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from clusterfed.algorithms.lcfl import loss_distance as ld
 from clusterfed.client.work import losses
-from clusterfed.clustering import loss_distance as ld
 from clusterfed.clustering import precomputed as pc
 from clusterfed.models import FlatModel
 

@@ -31,7 +31,7 @@ def small_of(name: str) -> str:
 
 
 def raw_text(name: str) -> str:
-    return (cfg.presets_dir() / f"{name}.yaml").read_text()
+    return cfg.preset_paths()[name].read_text()
 
 
 @pytest.mark.parametrize("name", ALL_LCFL)

@@ -19,11 +19,11 @@ from helpers import cli
 from sklearn.datasets import load_digits
 
 from clusterfed import config as cfg
+from clusterfed.algorithms.cfl import report as cfl_plots
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.benchmark import run_benchmark
-from clusterfed.report import cfl_plots
 from clusterfed.report.pages import write_report
-from clusterfed.sim.outputs import read_jsonl
+from clusterfed.run_folder import read_jsonl
 from clusterfed.sim.simulation import run_config
 
 CLIENTS = 6

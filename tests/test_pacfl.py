@@ -10,9 +10,9 @@ from helpers import comparable, tiny_config
 
 from clusterfed import config as cfg
 from clusterfed.algorithms import RoundContext, Setup, build_algorithm
-from clusterfed.algorithms.pacfl import UNASSIGNED
+from clusterfed.algorithms.pacfl import principal_angles as pa
+from clusterfed.algorithms.pacfl.algorithm import UNASSIGNED
 from clusterfed.client import ClientResult, TaskKind, TrainSpec
-from clusterfed.clustering import principal_angles as pa
 from clusterfed.clustering.metrics import clustering_scores
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import algorithm_sections
@@ -267,7 +267,7 @@ def test_every_pacfl_preset_resolves(name):
     build_algorithm(config["algorithm"])
     for section in algorithm_sections(config, None):
         build_algorithm(section)
-    text = (cfg.presets_dir() / f"{name}.yaml").read_text()
+    text = cfg.preset_paths()[name].read_text()
     assert text.startswith("#") and "spec" in text
 
 

@@ -10,8 +10,8 @@ import pytest
 from helpers import tiny_config
 
 from clusterfed import config as cfg
+from clusterfed.algorithms.pacfl import report as pacfl_plots
 from clusterfed.experiments.compare import compare
-from clusterfed.report import pacfl_plots
 from clusterfed.report.pages import write_report
 from clusterfed.sim.simulation import run_config
 

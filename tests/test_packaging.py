@@ -115,3 +115,28 @@ def test_the_algorithms_import_without_torch():
                           cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(done.stdout.strip()) >= 12
+
+
+# What each module may not load: the report and the run folder readers read files without the
+# simulator (nor torch); the algorithms plan without matplotlib. clusterfed.flower.node,
+# client_app, executor and server_app still build through clusterfed.sim.simulation.
+IMPORT_LIMITS = {
+    "clusterfed.report.pages": ("clusterfed.sim.simulation", "torch"),
+    "clusterfed.run_folder": ("clusterfed.sim", "torch"),
+    "clusterfed.experiments.compare": ("clusterfed.sim.simulation", "torch"),
+    "clusterfed.flower.launch": ("clusterfed.sim", "torch"),
+    "clusterfed.flower.wire": ("clusterfed.sim", "torch"),
+    "clusterfed.algorithms": ("matplotlib", "torch", "clusterfed.sim"),
+}
+
+
+@pytest.mark.parametrize("module", sorted(IMPORT_LIMITS))
+def test_a_module_does_not_load_what_it_should_not(module):
+    import subprocess
+
+    code = (f"import sys, {module}; print(' '.join(m for m in {IMPORT_LIMITS[module]!r} "
+            f"if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == ""

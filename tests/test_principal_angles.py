@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.linalg import subspace_angles
 
-from clusterfed.clustering import principal_angles as pa
+from clusterfed.algorithms.pacfl import principal_angles as pa
 from clusterfed.clustering.metrics import clustering_scores
 from clusterfed.clustering.precomputed import first_appearance_labels
 

@@ -8,8 +8,8 @@ import torch
 from torch.func import vmap
 
 from clusterfed.algorithms.aggregate import cluster_fedavg, results_fedavg
-from clusterfed.algorithms.fedavg import apply_updates
-from clusterfed.algorithms.pacfl import PACFL
+from clusterfed.algorithms.fedavg.algorithm import apply_updates
+from clusterfed.algorithms.pacfl.algorithm import PACFL
 from clusterfed.client import ClientResult, TaskKind, TrainSpec
 from clusterfed.client.sgd import clip_by_norm, sgd_step
 from clusterfed.clustering import hierarchical as hc

@@ -1,6 +1,7 @@
 """Server logic only: each algorithm plans client tasks and updates an explicit state."""
 
-# Importing the modules registers the algorithms.
+# The methods, one folder each and one line here: importing a folder registers its method
+# (docs/design.md, "The map").
 from clusterfed.algorithms import (  # noqa: E402,F401,I001
     cfl,
     fedavg,

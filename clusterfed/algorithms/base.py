@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
@@ -96,7 +99,55 @@ class Algorithm(Protocol[S]):
     def clusters(self, state: S) -> ClusterView: ...
 
 
-ALGORITHMS: Registry[type] = Registry("algorithm")
+@dataclass(frozen=True)
+class Method:
+    """A registered method's place: its folder and the report section it adds.
+
+    `package` is the folder (as a package) of the module that registered the class: its
+    `presets/*.yaml` are presets (`config.preset_paths`). `report` names the module of its
+    report section relative to that package (".report"), imported only when a report is
+    written, so importing an algorithm loads neither matplotlib nor torch. The module defines
+    `run_section(folder, summary, metrics) -> lines` and optionally
+    `comparison_section(folder, runs) -> lines` (runs: label -> metrics records), called for
+    a comparison that has a run labelled with the method's name.
+    """
+
+    name: str
+    package: str
+    report: str | None = None
+
+
+class MethodRegistry(Registry[type]):
+    """The algorithm registry: name -> class, and each name's `Method`."""
+
+    def __init__(self) -> None:
+        super().__init__("algorithm")
+        self._methods: dict[str, Method] = {}
+
+    def register(self, name: str, *, report: str | None = None) -> Callable[[type], type]:
+        add = super().register(name)
+
+        def decorate(cls: type) -> type:
+            add(cls)
+            package = getattr(sys.modules.get(cls.__module__), "__package__", None) or ""
+            self._methods[name] = Method(name, package, report)
+            return cls
+
+        return decorate
+
+    def method(self, name: str) -> Method:
+        self.get(name)   # unknown names: the registry's error
+        return self._methods[name]
+
+    def report_module(self, name: str) -> ModuleType | None:
+        """The method's report section module, imported now; None if it has none."""
+        method = self.method(name)
+        if method.report is None:
+            return None
+        return importlib.import_module(method.report, method.package or None)
+
+
+ALGORITHMS = MethodRegistry()
 
 
 def check_choices(options: object, choices: Mapping[str, Sequence[str]]) -> None:

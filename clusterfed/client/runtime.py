@@ -17,7 +17,7 @@ import torch
 from clusterfed.client.batched import evaluate_clients
 from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.work import run_task
-from clusterfed.data.scenarios import Federation
+from clusterfed.data.federation import Federation
 from clusterfed.models.flat import FlatModel
 from clusterfed.tasks import ClientResult, ClientTask, TaskKind
 

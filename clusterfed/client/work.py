@@ -10,8 +10,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from clusterfed.algorithms.pacfl.principal_angles import client_signature
 from clusterfed.client.sgd import sgd_step
-from clusterfed.clustering.principal_angles import client_signature
 from clusterfed.models.flat import FlatModel
 from clusterfed.tasks import (
     ClientResult,

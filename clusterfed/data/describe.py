@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from clusterfed.clustering.metrics import has_truth
-from clusterfed.data.scenarios import Federation
+from clusterfed.data.federation import Federation
 
 
 def clients_per_cluster(true_clusters: Sequence[int] | np.ndarray) -> dict[int, int]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from clusterfed.data.scenarios import ClientData, Federation
+from clusterfed.data.federation import ClientData, Federation
 from clusterfed.errors import DataError
 
 EXPORT_FORMATS = ("npz", "images", "csv")

@@ -33,7 +33,7 @@ import numpy as np
 
 from clusterfed.clustering.metrics import NO_TRUTH
 from clusterfed.data import own_readers as readers
-from clusterfed.data.scenarios import ClientData, Federation
+from clusterfed.data.federation import ClientData, Federation
 from clusterfed.errors import ConfigError, DataError
 from clusterfed.registry import check_keys
 

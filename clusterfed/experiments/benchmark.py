@@ -34,7 +34,9 @@ from clusterfed.errors import ConfigError
 
 ARI_BAR = 0.95
 SHIFTS = ("concept", "feature", "label")
-CLUSTERED = ("cfl", "flhc", "pacfl", "ifca", "lcfl")
+# Every registered method that claims to see a shift (its class's `sees`): a new clustered
+# method joins the benchmark by registering.
+CLUSTERED = tuple(n for n in ALGORITHMS.names() if getattr(ALGORITHMS.get(n), "sees", None))
 REFERENCES = ("fedavg", "local")
 
 

@@ -11,7 +11,6 @@ from clusterfed import config as cfg
 from clusterfed.algorithms import ALGORITHMS
 from clusterfed.clustering.metrics import score_text
 from clusterfed.errors import ConfigError
-from clusterfed.sim.simulation import build_federation_for, run_config
 
 
 def algorithm_sections(config: Mapping[str, Any], names: Sequence[str] | None
@@ -39,6 +38,9 @@ def algorithm_sections(config: Mapping[str, Any], names: Sequence[str] | None
 def compare(config: Mapping[str, Any], out_dir: str | Path, names: Sequence[str] | None = None,
             *, data_dir: str | None = None) -> dict[str, Any]:
     """Run each algorithm on the same federation (built once); write comparison.json."""
+    # Here, not at the top: the report reads comparisons without importing the simulator.
+    from clusterfed.sim.simulation import build_federation_for, run_config
+
     out = Path(out_dir)
     sections = algorithm_sections(config, names)
     labels = [str(s.pop("label", s["name"])) for s in sections]

@@ -31,7 +31,7 @@ import numpy as np
 from clusterfed import config as cfg
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import algorithm_sections
-from clusterfed.sim.outputs import read_config
+from clusterfed.run_folder import read_config
 from clusterfed.sim.simulation import build_federation_for, resume_run, run_config
 
 REPRODUCE_KEYS = {"seeds", "algorithms", "paper", "paper_protocol"}

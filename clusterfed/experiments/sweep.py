@@ -35,7 +35,7 @@ from typing import Any
 
 from clusterfed import config as cfg
 from clusterfed.errors import ConfigError
-from clusterfed.sim.outputs import read_jsonl
+from clusterfed.run_folder import read_jsonl
 from clusterfed.sim.simulation import build_federation_for, run_config
 
 SWEEP_KEYS = {"grid", "cases", "baseline", "rounds", "labels", "best_over"}

@@ -26,7 +26,7 @@ import numpy as np
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from clusterfed.data.scenarios import ClientData, Federation
+from clusterfed.data.federation import ClientData, Federation
 from clusterfed.errors import ClusterfedError
 from clusterfed.flower import membership, wire
 from clusterfed.sim.simulation import InitialModels

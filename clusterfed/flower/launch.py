@@ -12,7 +12,7 @@ from clusterfed.data import own
 from clusterfed.errors import ClusterfedError
 from clusterfed.flower.local import LocalFederation, raise_on_sigterm
 from clusterfed.flower.wire import config_json
-from clusterfed.sim.outputs import CHECKPOINT
+from clusterfed.run_folder import CHECKPOINT
 
 # Flower's own lines worth showing without --verbose-flower.
 _SHOWN = ("[clusterfed]", "ERROR", "Error", "Traceback", "Exception", "Successfully started run")

@@ -37,7 +37,7 @@ from clusterfed.client.runtime import ClientRuntime
 from clusterfed.client.secret import read_secret_file, secret_id
 from clusterfed.clustering.metrics import NO_TRUTH
 from clusterfed.data import own
-from clusterfed.data.scenarios import Federation
+from clusterfed.data.federation import Federation
 from clusterfed.errors import ClusterfedError, ConfigError
 from clusterfed.models import FlatModel, build_model
 from clusterfed.sim.choice import resolve_device

@@ -23,7 +23,7 @@ from flwr.serverapp import Grid, ServerApp
 from clusterfed import config as cfg
 from clusterfed.errors import ClusterfedError
 from clusterfed.flower.executor import FlowerExecutor
-from clusterfed.sim.outputs import CHECKPOINT, read_config
+from clusterfed.run_folder import CHECKPOINT, read_config
 from clusterfed.sim.simulation import Simulation
 
 app = ServerApp()

@@ -9,11 +9,12 @@ from typing import Any
 
 import numpy as np
 
+from clusterfed.algorithms import ALGORITHMS
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import format_table, table_rows
-from clusterfed.report import cfl_plots, flhc_plots, ifca_plots, lcfl_plots, pacfl_plots, plots
+from clusterfed.report import plots
 from clusterfed.report.truth import read_truth, rescored, score_rows
-from clusterfed.sim.outputs import read_config, read_jsonl
+from clusterfed.run_folder import read_jsonl
 
 
 def write_report(folder: str | Path, truth_file: str | Path | None = None) -> Path:
@@ -85,17 +86,9 @@ def _run_report(folder: Path, truth: np.ndarray | None = None, source: str = "")
         lines += ["## Scores per round", "",
                   "Against the truth file, of the clustering in force at each evaluated round.",
                   "", *score_rows(metrics), ""]
-    if summary["algorithm"] == "cfl":
-        lines += cfl_plots.cfl_section(folder, summary, metrics)
-    if summary["algorithm"] == "ifca":
-        lines += ifca_plots.ifca_section(folder, summary, metrics)
-    if summary["algorithm"] == "pacfl":
-        config = read_config(folder) if (folder / "config.yaml").exists() else {}
-        lines += pacfl_plots.pacfl_section(folder, summary, metrics, config)
-    if summary["algorithm"] == "flhc":
-        lines += flhc_plots.flhc_section(folder, summary, metrics)
-    if summary["algorithm"] == "lcfl":
-        lines += lcfl_plots.lcfl_section(folder, summary, metrics)
+    section = ALGORITHMS.report_module(summary["algorithm"])
+    if section is not None:
+        lines += section.run_section(folder, summary, metrics)
     path = folder / "report.md"
     path.write_text("\n".join(lines))
     return path
@@ -117,13 +110,10 @@ def _comparison_report(folder: Path, truth: np.ndarray | None = None, source: st
              *scored, "![accuracy](accuracy.png)", "",
              "Each algorithm's own report: " + ", ".join(
                  f"[{n}]({n}/report.md)" for n in comparison["algorithms"]), ""]
-    if "pacfl" in runs and (folder / "config.yaml").exists():
-        participation = float(read_config(folder)["train"]["participation"])
-        lines += ["## Rounds to target and the paper's cost (PACFL Tables 4, 8, 9)", "",
-                  *pacfl_plots.targets_table(runs, participation,
-                                             pacfl_plots.model_size(runs["pacfl"])), ""]
-    if {"fedavg", "flhc"} <= set(runs):
-        lines += flhc_plots.comparison_section(folder, runs)
+    for name in runs:
+        section = ALGORITHMS.report_module(name) if name in ALGORITHMS else None
+        if section is not None and hasattr(section, "comparison_section"):
+            lines += section.comparison_section(folder, runs)
     path = folder / "report.md"
     path.write_text("\n".join(lines))
     return path

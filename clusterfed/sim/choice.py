@@ -11,7 +11,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from clusterfed.client.privacy import ParameterTransform
-from clusterfed.data.scenarios import Federation
+from clusterfed.data.federation import Federation
 from clusterfed.errors import ConfigError
 from clusterfed.models.flat import FlatModel
 from clusterfed.models.grouped import grouped_obstacle

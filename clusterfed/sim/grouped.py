@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.sgd import sgd_step
 from clusterfed.client.work import IGNORE_INDEX
-from clusterfed.data.scenarios import Federation
+from clusterfed.data.federation import Federation
 from clusterfed.models.flat import FlatModel
 from clusterfed.models.grouped import GroupedModel, grouped_obstacle
 from clusterfed.sim.vectorised import VectorisedExecutor, batch_plan

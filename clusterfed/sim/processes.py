@@ -62,7 +62,7 @@ from torch import nn
 
 from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.runtime import ClientRuntime, one_model_evaluation
-from clusterfed.data.scenarios import ClientData, Federation
+from clusterfed.data.federation import ClientData, Federation
 from clusterfed.models.flat import FlatModel
 from clusterfed.sim.executor import SequentialExecutor
 from clusterfed.sim.shared import (

@@ -14,10 +14,11 @@ import torch
 from tqdm import tqdm
 
 from clusterfed.algorithms import ClusterView, RoundContext
-from clusterfed.clustering.cfl_math import separation_gap
+from clusterfed.algorithms.cfl.maths import separation_gap
 from clusterfed.clustering.metrics import has_truth, truth_scores
 from clusterfed.data import Federation
 from clusterfed.errors import ConfigError
+from clusterfed.run_folder import RunFolder, read_config
 from clusterfed.sim.build import (  # noqa: F401 (the building helpers, imported from here too)
     InitialModels,
     build_federation_for,
@@ -29,7 +30,6 @@ from clusterfed.sim.build import (  # noqa: F401 (the building helpers, imported
     train_spec,
 )
 from clusterfed.sim.executor import Executor
-from clusterfed.sim.outputs import RunFolder, read_config
 from clusterfed.sim.protocols import ADAPTATION_STEP, PROTOCOLS, EvalContext, Pairs, run_protocol
 from clusterfed.sim.sampling import sample_clients
 from clusterfed.tasks import ClientResult, ClientTask, TaskKind, match_results, numbered

@@ -43,7 +43,7 @@ from clusterfed.client.batched import evaluate_models
 from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.sgd import sgd_step
 from clusterfed.client.work import IGNORE_INDEX, loss_data
-from clusterfed.data.scenarios import Federation
+from clusterfed.data.federation import Federation
 from clusterfed.models.flat import FlatModel
 from clusterfed.sim.executor import SequentialExecutor
 from clusterfed.tasks import ClientResult, ClientTask, TaskKind, TrainSpec

@@ -1,0 +1,5 @@
+"""FL+HC (Briggs et al., 2020) (its folder: docs/design.md)."""
+
+from clusterfed.algorithms.flhc.algorithm import FLHC, FLHCState
+
+__all__ = ["FLHC", "FLHCState"]

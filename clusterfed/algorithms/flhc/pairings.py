@@ -1,0 +1,191 @@
+"""FL+HC Tables IV/V from one run: every metric x linkage x tau cut from one clustering round.
+
+The clustering depends only on the clustering round's updates (Algorithm 1, lines 6-12), so one
+run that records every metric's distances there (`record_distances`) gives the partition of all
+ten pairings (Ward with L2 only) at every tau without training them. Only the distinct
+partitions need their post-clustering rounds: each is rerun with `algorithm.partition`, which
+continues exactly as a run that found it (tests/test_flhc.py). The paper keeps each pairing's
+best tau by round-50 test accuracy (selection on test data; said so in the table).
+
+    python -m clusterfed.algorithms.flhc.pairings PRESET [key=value ...] --out DIR
+        [--data-dir D] [--train] [--baseline]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from clusterfed import config as cfg
+from clusterfed.clustering import hierarchical as hc
+from clusterfed.clustering.metrics import clustering_scores, has_truth
+from clusterfed.clustering.precomputed import first_appearance_labels
+from clusterfed.experiments.reproduce import _run_one
+from clusterfed.experiments.sweep import figures_at, round_of
+from clusterfed.run_folder import read_jsonl
+from clusterfed.sim.simulation import build_federation_for
+
+PAIRINGS = tuple((m, link) for m in ("cosine", "l2", "l1")
+                 for link in ("average", "complete", "single", "ward")
+                 if link != "ward" or m == "l2")
+# flhc-grid-b's scale-free taus: multiples of each tree's median merge height.
+MEDIAN_TAUS = (1.25, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def cut_all(distances: Mapping[str, Sequence[float]], taus: Sequence[float] = MEDIAN_TAUS,
+            mode: str = "median") -> list[dict[str, Any]]:
+    """Every pairing's partition at every tau, from condensed distances per metric."""
+    rows = []
+    for metric, linkage in PAIRINGS:
+        condensed = np.asarray(distances[metric], dtype=np.float64)
+        for tau in taus:
+            tree = hc.cluster_condensed(condensed, linkage, float(tau), mode)
+            rows.append({"metric": metric, "linkage": linkage, "tau": float(tau), "mode": mode,
+                         "cut_height": float(tree.threshold),
+                         "labels": first_appearance_labels(tree.labels).tolist(),
+                         "n_clusters": int(tree.num_clusters)})
+    return rows
+
+
+def distinct_partitions(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, ...]]:
+    """The different partitions among the rows, in order of first appearance."""
+    seen: dict[tuple[int, ...], None] = {}
+    for row in rows:
+        seen.setdefault(tuple(row["labels"]), None)
+    return list(seen)
+
+
+def clustering_event(folder: Path) -> dict[str, Any]:
+    for event in read_jsonl(folder / "events.jsonl"):
+        if event.get("type") == "hierarchical_clustering" and "distances" in event:
+            return event
+    raise ValueError(f"{folder}/events.jsonl has no clustering round with recorded distances")
+
+
+def best_rows(rows: Sequence[Mapping[str, Any]], column: str = "r50"
+              ) -> list[Mapping[str, Any]]:
+    """Per pairing, the tau with the best mean accuracy in `column` (the paper's selection)."""
+    out = []
+    for metric, linkage in PAIRINGS:
+        mine = [r for r in rows if r["metric"] == metric and r["linkage"] == linkage
+                and r.get(column, {}).get("mean_accuracy") is not None]
+        if mine:
+            out.append(max(mine, key=lambda r: r[column]["mean_accuracy"]))
+    return out
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+def markdown(result: Mapping[str, Any]) -> str:
+    rows = result["rows"]
+    lines = [f"Clustering round of `{result['probe']}`: all {len(PAIRINGS)} pairings x "
+             f"{len(result['taus'])} taus ({result['mode']} mode) cut from its recorded "
+             f"distances; {len(result['partitions'])} distinct partitions.", "",
+             "| metric | linkage | tau | cut height | clusters | ARI |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        ari = "-" if r.get("ari") is None else f"{r['ari']:.3f}"
+        lines.append(f"| {r['metric']} | {r['linkage']} | {r['tau']:g} | {r['cut_height']:.4g} "
+                     f"| {r['n_clusters']} | {ari} |")
+    best = best_rows(rows)
+    if best:
+        base = result.get("baseline") or {}
+        lines += ["", "Best tau per pairing by round-50 test accuracy (the paper's selection, on "
+                  "test data). Accuracy in %; clients at target in %.", "",
+                  "| metric | linkage | tau | clusters | ARI | acc post-cluster | acc r50 | "
+                  "at target post-cluster | at target r50 |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in best:
+            ari = "-" if r.get("ari") is None else f"{r['ari']:.3f}"
+            pc, last = r["post-cluster"], r["r50"]
+            lines.append(f"| {r['metric']} | {r['linkage']} | {r['tau']:g} | {r['n_clusters']} "
+                         f"| {ari} | {_pct(pc['mean_accuracy'])} | {_pct(last['mean_accuracy'])} "
+                         f"| {_pct(pc['clients_at_target'])} | {_pct(last['clients_at_target'])} |")
+        if base:
+            lines.append(f"| FedAvg | | | 1 | | {_pct(base['post-cluster']['mean_accuracy'])} | "
+                         f"{_pct(base['r50']['mean_accuracy'])} | "
+                         f"{_pct(base['post-cluster']['clients_at_target'])} | "
+                         f"{_pct(base['r50']['clients_at_target'])} |")
+    return "\n".join(lines)
+
+
+def run_pairings(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: str | None = None,
+                 train: bool = False, baseline: bool = False,
+                 taus: Sequence[float] = MEDIAN_TAUS, mode: str = "median") -> dict[str, Any]:
+    """The probe run, every pairing's cut, and (with `train`) each distinct partition's run."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = cfg.resolve(config)
+    if config["algorithm"]["name"] != "flhc":
+        raise ValueError("flhc_pairings runs an FL+HC preset (algorithm.name: flhc)")
+    federation = build_federation_for(config, data_dir)
+    probe_cfg = cfg.resolve(cfg.merge(config, {"algorithm": {"record_distances": True}}))
+    _run_one(probe_cfg, out / "probe", federation, data_dir)
+    event = clustering_event(out / "probe")
+    truth = federation.true_clusters
+    rows = cut_all(event["distances"], taus, mode)
+    for row in rows:
+        row["ari"] = (clustering_scores(truth, np.asarray(row["labels"]))["ari"]
+                      if has_truth(truth) else None)
+    partitions = distinct_partitions(rows)
+    columns = {"post-cluster": round_of("algorithm.rounds_before_clustering+1", config),
+               "r50": round_of("last", config)}
+    records: dict[tuple[int, ...], list[dict[str, Any]]] = {}
+    probe_labels = tuple(first_appearance_labels(np.asarray(event["labels"])).tolist())
+    records[probe_labels] = read_jsonl(out / "probe" / "metrics.jsonl")
+    if train:
+        for i, labels in enumerate(partitions):
+            if labels in records:
+                continue
+            run_cfg = cfg.resolve(cfg.merge(config, {"algorithm": {"partition": list(labels)}}))
+            folder = out / "partitions" / f"{i:03d}"
+            print(f"partition {i + 1}/{len(partitions)}: {max(labels) + 1} clusters -> {folder}",
+                  flush=True)
+            _run_one(run_cfg, folder, federation, data_dir)
+            records[labels] = read_jsonl(folder / "metrics.jsonl")
+    for row in rows:
+        got = records.get(tuple(row["labels"]))
+        if got is not None:
+            for label, rnd in columns.items():
+                row[label] = figures_at(got, rnd)
+    result: dict[str, Any] = {"probe": str(out / "probe"), "taus": list(taus), "mode": mode,
+                              "columns": columns, "rows": rows,
+                              "partitions": [list(p) for p in partitions],
+                              "preset_cut": {"metric": event["metric"],
+                                             "linkage": event["linkage"],
+                                             "labels": list(probe_labels)}}
+    if baseline:
+        base_cfg = cfg.resolve(cfg.merge(config, {"algorithm": {"name": "fedavg"}}))
+        _run_one(base_cfg, out / "baseline", federation, data_dir)
+        base = read_jsonl(out / "baseline" / "metrics.jsonl")
+        result["baseline"] = {label: figures_at(base, rnd) for label, rnd in columns.items()}
+    (out / "pairings.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "table.md").write_text(markdown(result) + "\n")
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("source")
+    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--data-dir")
+    parser.add_argument("--train", action="store_true",
+                        help="also run every distinct partition to the last round")
+    parser.add_argument("--baseline", action="store_true", help="also run FedAvg")
+    args = parser.parse_args(argv)
+    config = cfg.resolve(args.source, args.overrides)
+    result = run_pairings(config, args.out, data_dir=args.data_dir, train=args.train,
+                          baseline=args.baseline)
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""A federation: every client's data and the true clusters. What the runtimes import."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """One client's materialised data: float32 inputs in [0, 1], int64 labels."""
+
+    train_x: np.ndarray
+    train_y: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+
+    @property
+    def num_train(self) -> int:
+        return len(self.train_y)
+
+
+@dataclass(frozen=True)
+class Federation:
+    clients: list[ClientData]
+    true_clusters: np.ndarray
+    n_classes: int
+    input_shape: tuple[int, ...]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.clients)
+
+    def train_sizes(self) -> np.ndarray:
+        return np.array([c.num_train for c in self.clients], dtype=np.int64)
