@@ -23,7 +23,9 @@ def test_label_skew_20_pacfl_cluster_models_beat_the_global_model(shared_data: P
     authors' beta 3.5 serve their clients better than FedAvg's global model serves them, by
     >= 5 points after the -small budget (measured: 62.72 against 51.20; docs/reproductions/
     pacfl.md). Comparing PACFL's own models with FedAvg's global model, as the paper's table
-    does, would pass for FedAvg itself (its own models score 89.76)."""
+    does, would pass for FedAvg itself (its own models score 89.76): so the test also checks
+    that, scored as own models, FedAvg is no more than a point below PACFL, as at the paper's scale
+    (97.15 against 97.27 over 3 seeds)."""
     config = cfg.resolve("pacfl-labelskew20-fmnist-small", [
         "run.progress=false", "run.threads=1", "algorithm.n_clusters=null", "algorithm.beta=3.5"])
     result = compare(config, tmp_path, ["fedavg", "pacfl"], data_dir=str(shared_data))
@@ -31,6 +33,7 @@ def test_label_skew_20_pacfl_cluster_models_beat_the_global_model(shared_data: P
     fedavg = result["summaries"]["fedavg"]["final"]
     assert pacfl["clustering"]["n_clusters"] > 2
     assert pacfl["final"]["cluster_mean_accuracy"] >= fedavg["cluster_mean_accuracy"] + 0.05
+    assert fedavg["mean_accuracy"] >= pacfl["final"]["mean_accuracy"] - 0.01
 
 
 def test_newcomers_get_a_model_as_good_as_the_old_clients(shared_data: Path, tmp_path: Path):

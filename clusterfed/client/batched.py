@@ -27,6 +27,17 @@ Data = tuple[torch.Tensor, torch.Tensor]
 MIN_ROWS = 256
 
 
+def chunk_scores(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each model's summed loss and correct count (float64) from (m, rows, classes, ...)
+    logits of m models on the same targets."""
+    m = logits.shape[0]
+    expanded = target.expand(m, *target.shape)
+    per = F.cross_entropy(logits.flatten(0, 1), expanded.flatten(0, 1),
+                          reduction="none").reshape(m, -1)
+    hits = (logits.argmax(2) == expanded).reshape(m, -1).sum(1)
+    return per.sum(1).double(), hits.double()
+
+
 def _row_sums(per_target: torch.Tensor) -> torch.Tensor:
     """(rows, ...) -> (rows,): one total per sample (a sequence's tokens summed)."""
     return per_target.reshape(per_target.shape[0], -1).sum(1)
@@ -120,12 +131,8 @@ def evaluate_models(model: FlatModel, stacked: torch.Tensor, x: torch.Tensor, y:
         step = max(1, budget // m)
         for start in range(0, len(y), step):
             target = y[start:start + step]
-            logits = forward(part, x[start:start + step])   # (m, rows, classes, ...)
-            expanded = target.expand(m, *target.shape)
-            per = F.cross_entropy(logits.flatten(0, 1), expanded.flatten(0, 1),
-                                  reduction="none").reshape(m, -1)
-            loss_sum[first:first + m] += per.sum(1).double()
-            correct[first:first + m] += (logits.argmax(2) == expanded).reshape(m, -1).sum(1
-                                                                                     ).double()
+            loss, hits = chunk_scores(forward(part, x[start:start + step]), target)
+            loss_sum[first:first + m] += loss
+            correct[first:first + m] += hits
     scored = float(max(int((y != IGNORE_INDEX).sum()), 1))
     return loss_sum.cpu().numpy() / scored, correct.cpu().numpy() / scored

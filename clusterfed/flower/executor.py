@@ -29,7 +29,7 @@ from flwr.serverapp import Grid
 from clusterfed.data.federation import ClientData, Federation
 from clusterfed.errors import ClusterfedError
 from clusterfed.flower import membership, wire
-from clusterfed.sim.simulation import InitialModels
+from clusterfed.sim.build import InitialModels
 from clusterfed.tasks import ClientResult, ClientTask, TaskKind, match_results, numbered
 
 log = logging.getLogger("clusterfed.flower")

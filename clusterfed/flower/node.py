@@ -40,13 +40,13 @@ from clusterfed.data import own
 from clusterfed.data.federation import Federation
 from clusterfed.errors import ClusterfedError, ConfigError
 from clusterfed.models import FlatModel, build_model
-from clusterfed.sim.choice import resolve_device
-from clusterfed.sim.simulation import (
+from clusterfed.sim.build import (
     build_federation_for,
     initial_models,
     initial_params,
     privacy_transform,
 )
+from clusterfed.sim.choice import resolve_device
 from clusterfed.tasks import ClientResult, ClientTask
 
 # Node config keys (flower-supernode --node-config 'partition-id=0 num-partitions=6 ...').

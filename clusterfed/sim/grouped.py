@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from clusterfed.client.batched import chunk_scores
 from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.sgd import sgd_step
 from clusterfed.client.work import IGNORE_INDEX
@@ -146,13 +147,10 @@ def evaluate_grouped(model: GroupedModel, stacked: torch.Tensor, x: torch.Tensor
         g = len(params[0])
         for start in range(0, n, rows):
             target = y[start:start + rows]
-            logits = model.forward_shared(params, x[start:start + rows])   # (g, rows, ...)
-            expanded = target.expand(g, *target.shape)
-            per = F.cross_entropy(logits.flatten(0, 1), expanded.flatten(0, 1),
-                                  reduction="none").reshape(g, -1)
-            loss_sum[first:first + g] += per.sum(1).double()
-            correct[first:first + g] += (logits.argmax(2) == expanded).reshape(g, -1).sum(1
-                                                                                     ).double()
+            loss, hits = chunk_scores(model.forward_shared(params, x[start:start + rows]),
+                                      target)
+            loss_sum[first:first + g] += loss
+            correct[first:first + g] += hits
     scored = float(max(int((y != IGNORE_INDEX).sum()), 1))
     return loss_sum.cpu().numpy() / scored, correct.cpu().numpy() / scored
 
