@@ -22,7 +22,8 @@ torch's, i.e. the usable cores):
   scikit-learn that no longer takes `affinity`, `cluster_clients` gets AgglomerativeClustering
   with `metric` in its place (their module's name is rebound; the file is not changed).
 - `clusterfed-auto`: `Simulation` with `run.executor=auto` (worker processes on a multi-core
-  CPU), `run.threads` = the budget; `clusterfed-sequential`: the sequential executor.
+  CPU), `run.threads` = the budget; `clusterfed-sequential`: the sequential executor;
+  `clusterfed-grouped`: the grouped executor (clients as one wider model; float-tolerance equal).
   CFL with the same split rule (acceptance fixed with gamma_max 0, i.e. every split the norms
   allow, complete linkage, no split before round 21).
 - `bare`: a textbook PyTorch loop over the same tensors and the same steps (load the cluster
@@ -75,7 +76,7 @@ SEED = 0
 CLIENTS, CLUSTERS, TRAIN, TEST = 20, 4, 400, 100
 BATCH, LR, MOMENTUM, DECAY = 128, 0.1, 0.9, 0.99
 EPS_1, EPS_2, NO_SPLIT_BEFORE = 0.4, 1.6, 20   # the notebook's; its test is c_round > 20
-SIDES = ("authors", "clusterfed-auto", "clusterfed-sequential", "bare")
+SIDES = ("authors", "clusterfed-auto", "clusterfed-sequential", "clusterfed-grouped", "bare")
 FILES = ("fl_devices.py",)
 
 Clock = Callable[[], tuple[float, float]]
