@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from clusterfed import config as cfg
 from clusterfed.cli import entry
+from clusterfed.models import FlatModel, build_model
+from clusterfed.sim.executor import SequentialExecutor
+from clusterfed.sim.simulation import initial_params
 
 
 def tiny_config(algorithm: str = "fedavg", **sections: dict[str, Any]) -> dict[str, Any]:
@@ -39,6 +43,10 @@ def cli(capsys: Any, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+# The seed of the executors `executor_pair` builds.
+EXECUTOR_SEED = 5
+
+
 def uneven_digits() -> Any:
     """Digits, 6 clients of unequal sizes (quantity skew), so step counts and last batches
     differ: the executors that batch clients must mask and regroup them."""
@@ -47,3 +55,16 @@ def uneven_digits() -> Any:
                             {"kind": "label_swap", "clients": 6, "clusters": 2,
                              "samples_per_client": 40, "test_samples_per_client": 15,
                              "quantity_skew": 0.6}, seed=1)
+
+
+def executor_pair(federation: Any, executor: type, module: Any = None,
+                  max_clients: int | None = None, transform: Any = None) -> tuple[Any, Any, Any]:
+    """A sequential executor and one of class `executor`, each over its own copy of one seeded
+    model (digits_cnn unless given), and that model's flat initial vector."""
+    module = module or build_model("digits_cnn", federation.input_shape, federation.n_classes)
+    initial_params(module, 0)
+    seq = SequentialExecutor(FlatModel(copy.deepcopy(module)), federation, EXECUTOR_SEED,
+                             transform)
+    other = executor(FlatModel(copy.deepcopy(module)), federation, EXECUTOR_SEED, transform,
+                     max_clients=max_clients)
+    return seq, other, FlatModel(module).initial_vector().numpy()

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_config, uneven_digits
+from helpers import executor_pair, tiny_config, uneven_digits
 from torch import nn
 
 from clusterfed.client.privacy import ParameterTransform
@@ -17,9 +16,7 @@ from clusterfed.models import FlatModel, build_model
 from clusterfed.models.grouped import GroupedModel, grouped_obstacle
 from clusterfed.sim.executor import SequentialExecutor
 from clusterfed.sim.grouped import GroupedExecutor
-from clusterfed.sim.simulation import Simulation, initial_params
-
-SEED = 5
+from clusterfed.sim.simulation import Simulation
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +25,7 @@ def federation():
 
 
 def executors(federation, module=None, max_clients=None, transform=None):
-    module = module or build_model("digits_cnn", federation.input_shape, federation.n_classes)
-    initial_params(module, 0)
-    seq = SequentialExecutor(FlatModel(copy.deepcopy(module)), federation, SEED, transform)
-    grp = GroupedExecutor(FlatModel(copy.deepcopy(module)), federation, SEED, transform,
-                          max_clients=max_clients)
-    return seq, grp, FlatModel(module).initial_vector().numpy()
+    return executor_pair(federation, GroupedExecutor, module, max_clients, transform)
 
 
 def assert_same(seq_results, grp_results):

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_config, uneven_digits
+from helpers import executor_pair, tiny_config, uneven_digits
 from torch import nn
 
 from clusterfed.client.batched import evaluate_clients, evaluate_models
@@ -19,11 +18,9 @@ from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel, build_model
 from clusterfed.sim.choice import executor_kind, resolve_device
 from clusterfed.sim.executor import SequentialExecutor
-from clusterfed.sim.simulation import Simulation, initial_params
+from clusterfed.sim.simulation import Simulation
 from clusterfed.sim.vectorised import VectorisedExecutor, batch_plan, module_obstacle, task_obstacle
 from clusterfed.tasks import ClientTask, LossSpec, TaskKind, TrainSpec, numbered
-
-SEED = 5
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +29,7 @@ def federation():
 
 
 def executors(federation, module=None, max_clients=None, transform=None):
-    module = module or build_model("digits_cnn", federation.input_shape, federation.n_classes)
-    initial_params(module, 0)
-    seq = SequentialExecutor(FlatModel(copy.deepcopy(module)), federation, SEED, transform)
-    vec = VectorisedExecutor(FlatModel(copy.deepcopy(module)), federation, SEED, transform,
-                             max_clients=max_clients)
-    return seq, vec, FlatModel(module).initial_vector().numpy()
+    return executor_pair(federation, VectorisedExecutor, module, max_clients, transform)
 
 
 def untimed(meta):
