@@ -57,6 +57,8 @@ class Assignment:
     """Clients, true clusters (contiguous blocks of clients) and how client shares are sized.
 
     `weights` are the quantity-skew sizes (None: equal shares); `test` is the test-data rule.
+    `membership`, where given, is every client's cluster instead of the blocks (the clients
+    placed after a drift, `drift.py`).
     """
 
     clients: int
@@ -67,8 +69,11 @@ class Assignment:
     cluster_sizes: tuple[int, ...] | None = None
     weights: np.ndarray | None = field(default=None, compare=False, repr=False)
     min_samples: int = 1
+    membership: tuple[int, ...] | None = None
 
     def cluster_of(self, client: int) -> int:
+        if self.membership is not None:
+            return self.membership[client]
         if self.cluster_sizes is None:
             return client * self.clusters // self.clients
         return int(np.searchsorted(np.cumsum(self.cluster_sizes), client, side="right"))
@@ -363,7 +368,7 @@ def warn_single_cluster(assign: Assignment, kind: str, hint: str = "") -> None:
 
 
 def one_cluster(assign: Assignment) -> Assignment:
-    return replace(assign, clusters=1, cluster_sizes=None)
+    return replace(assign, clusters=1, cluster_sizes=None, membership=None)
 
 
 def labels_info(spec: Mapping[str, Any]) -> dict[str, Any]:
