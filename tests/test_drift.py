@@ -14,6 +14,7 @@ from test_scenarios import decode_index, index_dataset, label_dataset, original_
 
 from clusterfed.algorithms import ClusterView, Setup, Update
 from clusterfed.data import build_federation, load_dataset
+from clusterfed.data.describe import describe, format_description
 from clusterfed.data.export import check_exportable
 from clusterfed.errors import ClusterfedError, ConfigError
 from clusterfed.flower.node import Population
@@ -191,6 +192,13 @@ def test_processes_executor_restarts_on_the_new_data() -> None:
 def test_drift_after_the_last_round_is_refused() -> None:
     with pytest.raises(ConfigError, match="never drift"):
         Simulation(drift_config(train={"rounds": 3}))
+
+
+def test_describe_says_who_drifts_when(digits_data: Any) -> None:
+    fed = build_federation(digits_data, {**SWAP, "drift": {"round": 7, "clients": [2]}}, seed=0)
+    assert format_description(describe(fed)).splitlines()[-1] == (
+        "drift from round 7 (shown: the data before it): clients [2] move from clusters [1] "
+        "to [2]")
 
 
 def test_flower_and_export_refuse_drift(digits_data: Any) -> None:

@@ -15,6 +15,7 @@ give each cluster the same distribution (checked here on the clusters' transform
 client takes its data from the second plan: samples drawn as that plan gives them to a client
 of the new cluster, under the new cluster's transform (its label map, its angle), train and
 test alike; they may overlap other clients' samples. Every other client keeps its arrays.
+What the server knows before round 0 (`Setup.num_samples`) stays the first phase's counts.
 """
 
 from __future__ import annotations
