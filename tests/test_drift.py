@@ -16,6 +16,9 @@ from clusterfed.algorithms import ClusterView, Setup, Update
 from clusterfed.data import build_federation, load_dataset
 from clusterfed.data.describe import describe, format_description
 from clusterfed.data.export import check_exportable
+from clusterfed.data.scenarios import SCENARIOS, Assignment, materialise
+from clusterfed.data.scenarios.building import client_data
+from clusterfed.data.scenarios.drift import drift_spec, drifted
 from clusterfed.errors import ClusterfedError, ConfigError
 from clusterfed.flower.node import Population
 from clusterfed.sim.simulation import Simulation, resume_run, run_config
@@ -108,6 +111,30 @@ def test_bad_drift_options_say_what_is_wrong(digits_data: Any, scenario: dict, d
                                              message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         build_federation(digits_data, {**scenario, "drift": drift}, seed=0)
+
+
+@pytest.mark.parametrize(("replan_seed", "message"), [
+    (None, "sets its clients' true clusters itself"),   # ignores the moved clients
+    (1, "after sharing out the data"),                  # draws other label pairs
+])
+def test_a_scenario_that_cannot_be_planned_again_is_refused(digits_data: Any,
+                                                            replan_seed: int | None,
+                                                            message: str) -> None:
+    label_swap = SCENARIOS.get("label_swap")
+    assign = Assignment(8, 4)
+    plan = label_swap(digits_data, assign=assign, rng=np.random.default_rng(0))
+    before = materialise(digits_data, plan)
+    spec = drift_spec({"round": 2, "clients": [1]}, before.true_clusters,
+                      np.random.default_rng(0))
+
+    def replan(moved: Assignment) -> Any:
+        if replan_seed is None:
+            return plan
+        return label_swap(digits_data, assign=moved, rng=np.random.default_rng(replan_seed))
+
+    with pytest.raises(ConfigError, match=message):
+        drifted(before, plan, spec, assign, replan, lambda c: client_data(digits_data, c),
+                "label_swap")
 
 
 # ---------------------------------------------------------------- runs

@@ -32,6 +32,8 @@ from clusterfed.errors import ConfigError
 from clusterfed.registry import check_keys
 
 DRIFT_KEYS = {"round", "clients", "to"}
+# Facts of a plan's info that describe clients, not clusters: they change when clients move.
+PER_CLIENT_FACTS = {"label_sets", "dirichlet_draws"}
 
 
 @dataclass(frozen=True)
@@ -143,14 +145,15 @@ def drifted(before: Federation, plan: ScenarioPlan, spec: DriftSpec, assign: Ass
     if again.n_classes != plan.n_classes:
         raise ConfigError(f"scenario '{kind}' relabels to {again.n_classes} labels when planned "
                           f"again, {plan.n_classes} before: scenario.drift cannot use it")
-    for j in range(int(truth.max()) + 1):
-        was = next(s.transform for s in plan.clients if s.cluster == j)
-        now = next(s.transform for s in again.clients if s.cluster == j)
-        if was != now:
-            raise ConfigError(f"scenario '{kind}' gave true cluster {j} another transform when "
-                              f"planned again ({was} then {now}): it draws its clusters' "
-                              f"parameters after sharing out the data; scenario.drift cannot "
-                              f"use it")
+    changed = [f"the transform of cluster {j}" for j in range(int(truth.max()) + 1)
+               if next(s.transform for s in plan.clients if s.cluster == j)
+               != next(s.transform for s in again.clients if s.cluster == j)]
+    changed += [f"info {key!r}" for key in sorted(plan.info.keys() & again.info.keys())
+                if key not in PER_CLIENT_FACTS and plan.info[key] != again.info[key]]
+    if changed:
+        raise ConfigError(f"scenario '{kind}' planned again with the drifting clients moved "
+                          f"changed {', '.join(changed)}: it draws its clusters' parameters "
+                          f"after sharing out the data, so scenario.drift cannot use it")
     clients = list(before.clients)
     for i in spec.clients:
         clients[i] = client_data(again.clients[i])
