@@ -66,8 +66,8 @@ from clusterfed.algorithms.base import (
     Update,
     check_choices,
 )
+from clusterfed.algorithms.selection import clusters_of_updates
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
-from clusterfed.clustering import hierarchical as hc
 from clusterfed.clustering.precomputed import NO_STRUCTURE
 from clusterfed.state import serialisable
 
@@ -335,14 +335,10 @@ class IFCA:
         if not results:
             return Update(state)
         clients = np.array([x.client for x in results], dtype=np.int64)
-        updates = np.stack([x.update for x in results])
-        tree = hc.hierarchical_clusters(updates, "cosine", "average", self.min_silhouette,
-                                        "silhouette")
-        labels = tree.labels
         weights = aggregation_weights(np.array([x.num_samples for x in results]), self.weighting)
-        base = state.models[0, 0]
-        models = cluster_fedavg(np.repeat(base[None], tree.num_clusters, axis=0), updates,
-                                labels, weights)
+        found = clusters_of_updates(state.models[0, 0], np.stack([x.update for x in results]),
+                                    weights, self.min_silhouette)
+        labels, models = found.labels, found.models
         n = state.choice.shape[1]
         choice = np.full((1, n), NEVER, dtype=np.int64)
         choice[0, clients] = labels
@@ -351,10 +347,10 @@ class IFCA:
         state = replace(state, models=models[None].astype(np.float32), choice=choice,
                         chosen_round=chosen_round, groups=np.zeros((1, n), dtype=np.int64),
                         selected=True)
-        event = {"type": "ifca_k_selected", "k": tree.num_clusters, "clients": clients.tolist(),
-                 "labels": labels.tolist(), "tree": np.round(tree.linkage, 8).tolist()}
-        sizes = np.bincount(labels, minlength=tree.num_clusters).tolist()
-        return Update(state, {"ifca": {"cluster_sizes": sizes, "k_selected": tree.num_clusters}},
+        event = {"type": "ifca_k_selected", "k": found.num_clusters, "clients": clients.tolist(),
+                 "labels": labels.tolist(), "tree": np.round(found.linkage, 8).tolist()}
+        sizes = np.bincount(labels, minlength=found.num_clusters).tolist()
+        return Update(state, {"ifca": {"cluster_sizes": sizes, "k_selected": found.num_clusters}},
                       [event, {"type": "ifca_choices", "clients": clients.tolist(),
                                "clusters": labels.tolist()}])
 
