@@ -138,7 +138,7 @@ def component_weights(num_samples: np.ndarray, pi: np.ndarray, weighting: str,
 @dataclass(frozen=True)
 class FedEM:
     components: int | None = None       # M; None: from the data (the paper's default is 3)
-    select_round: int = 5               # None M: one model until this round (0-based) ...
+    select_round: int = 10              # None M: one model until this round (0-based) ...
     min_silhouette: float = NO_STRUCTURE  # ... then its clusters, one below this
     initial_pi: str = "clusters"        # M from the data: "clusters" or "uniform" (1/M)
     prior_confidence: float = 0.9       # "clusters": pi_t on the client's own cluster

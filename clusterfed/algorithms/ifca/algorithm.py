@@ -34,7 +34,8 @@ k from the data (`k: null`, the default; an extension, the paper fixes k): the f
 first trains one model for `select_round` rounds (FedAvg, as the warm-up above with one group);
 then every client trains it once and the server clusters those updates as FL+HC's default
 does (average linkage on cosine distances, cut into the most clusters of which every one has
-a mean silhouette of at least `min_silhouette`, else one: `precomputed.substantial_clusters`).
+a mean silhouette of at least `min_silhouette`, else one: `selection.clusters_of_updates`,
+shared with FedEM and FedRC).
 Each cluster found starts its model from the global model plus its members' mean update, and
 IFCA goes on from those k models, every client choosing its model by loss each round as above.
 This start is the authors' trained initialisation with groups found in the data instead of
