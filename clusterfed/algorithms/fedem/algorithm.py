@@ -3,14 +3,15 @@ Bellet, Kameni, Vidal, NeurIPS 2021).
 
 Each client t's distribution is a mixture of M shared components: p_t(x, y) = sum_m pi_t,m
 p_m(x, y), with p_m(y | x) given by the component model theta_m. Each round k, centralised
-FedEM (Algorithm 1), every sampled client t:
+FedEM (Algorithm 1), every sampled client t (the steps are lettered here: the paper's own
+line and equation numbers could not be checked when this was written):
 
-  E-step (Eq. 7)   q_t(z_i = m) = pi_t,m exp(-l(h_theta_m(x_i), y_i)) / sum_m' (same, m')
+  E-step  (line a) q_t(z_i = m) = pi_t,m exp(-l(h_theta_m(x_i), y_i)) / sum_m' (same, m')
                    for each of its training samples i;
-  M-step (Eq. 8)   pi_t,m = (1 / n_t) sum_i q_t(z_i = m);
-  (Eq. 9)          for each m, theta_m,t = LocalSolver(theta_m, weights q_t(z_i = m)): local
+  M-step  (line b) pi_t,m = (1 / n_t) sum_i q_t(z_i = m);
+  local   (line c) for each m, theta_m,t = LocalSolver(theta_m, weights q_t(z_i = m)): local
                    SGD on (1 / n_t) sum_i q_t(z_i = m) l(h_theta_m(x_i), y_i);
-  server (line 12) theta_m = sum_t (n_t / n) theta_m,t over the round's clients.
+  server  (line d) theta_m = sum_t (n_t / n) theta_m,t over the round's clients.
 
 The issue (#19) says the server averages each component with the clients' responsibilities;
 Algorithm 1 (and the authors' code) weights every component by n_t / n alone. The paper's
@@ -90,7 +91,7 @@ class MixtureState:
 
 
 def responsibilities(log_prior: np.ndarray, losses: np.ndarray) -> np.ndarray:
-    """E-step (Eq. 7): q(z_i = m) = pi_m exp(-l_mi) / sum_m' pi_m' exp(-l_m'i), (n, M).
+    """E-step (line a): q(z_i = m) = pi_m exp(-l_mi) / sum_m' pi_m' exp(-l_m'i), (n, M).
 
     `log_prior` (M,) is log pi (-inf for a weight of 0), `losses` (M, n) each sample's loss
     under each component; computed by log-sum-exp, so large losses do not underflow to 0 / 0.
@@ -103,7 +104,7 @@ def responsibilities(log_prior: np.ndarray, losses: np.ndarray) -> np.ndarray:
 
 
 def mixture_weights(q: np.ndarray) -> np.ndarray:
-    """M-step (Eq. 8): pi_m = (1 / n) sum_i q(z_i = m), over the (n, M) responsibilities."""
+    """M-step (line b): pi_m = (1 / n) sum_i q(z_i = m), over the (n, M) responsibilities."""
     return np.asarray(q, np.float64).mean(axis=0)
 
 
@@ -125,7 +126,7 @@ def confident_prior(labels: np.ndarray, m: int, confidence: float) -> np.ndarray
 def component_weights(num_samples: np.ndarray, pi: np.ndarray, weighting: str,
                       aggregation: str) -> np.ndarray:
     """(m, M): each client's weight in each component's average: w_t (its n_t by default,
-    line 12), times pi_t,m for `aggregation: responsibilities`."""
+    line d), times pi_t,m for `aggregation: responsibilities`."""
     base = aggregation_weights(num_samples, weighting)[:, None]
     return base * np.asarray(pi, np.float64) if aggregation == "responsibilities" else \
         np.repeat(base, pi.shape[1], axis=1)
@@ -142,7 +143,7 @@ class FedEM:
     min_silhouette: float = NO_STRUCTURE  # ... then its clusters, one below this
     initial_pi: str = "clusters"        # M from the data: "clusters" or "uniform" (1/M)
     prior_confidence: float = 0.9       # "clusters": pi_t on the client's own cluster
-    weighting: str = "samples"          # w_t: n_t (Algorithm 1, line 12) or "uniform"
+    weighting: str = "samples"          # w_t: n_t (Algorithm 1, line d) or "uniform"
     aggregation: str = "samples"        # "samples": w_t; "responsibilities": w_t pi_t,m
     sees: ClassVar[frozenset[str]] = frozenset({"concept", "feature", "label"})
     toy_mixture_options: ClassVar[dict[str, Any] | None] = {"rounds": 8, "select_round": 3}
@@ -185,7 +186,7 @@ class FedEM:
             spec = LossSpec(per_sample=True, labels=self._needs_labels)
             return [ClientTask(int(c), TaskKind.LOSSES, state.models, loss=spec)
                     for c in ctx.sampled]
-        tasks = []   # Eq. 9: each component trained on the samples weighted by q(z_i = m)
+        tasks = []   # line c: each component trained on the samples weighted by q(z_i = m)
         served = np.argmax(state.pi, axis=1)
         for c, rows in zip(state.round_clients.tolist(), _split(state), strict=True):
             for m in range(len(state.models)):
@@ -217,7 +218,7 @@ class FedEM:
 
     def _posterior(self, state: MixtureState, client: int, result: ClientResult
                    ) -> np.ndarray:
-        """The (n_t, M) responsibilities of one client's samples (FedEM: Eq. 7)."""
+        """The (n_t, M) responsibilities of one client's samples (FedEM: line a)."""
         return responsibilities(log_weights(state.pi[client]), result.losses)
 
     def _with_counts(self, state: MixtureState, results: Sequence[ClientResult]
@@ -232,7 +233,7 @@ class FedEM:
 
     def _expect(self, state: MixtureState, ctx: RoundContext,
                 results: Sequence[ClientResult]) -> Update:
-        """Step 0: the E-step (Eq. 7) and M-step (Eq. 8) of every reporting client."""
+        """Step 0: the E-step (line a) and M-step (line b) of every reporting client."""
         results = sorted(results, key=lambda x: x.client)
         state = self._with_counts(state, results)
         clients = np.array([x.client for x in results], dtype=np.int64)

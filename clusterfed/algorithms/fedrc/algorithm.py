@@ -7,13 +7,15 @@ L(Theta, Omega) = (1/N) sum_i sum_j ln sum_k omega_i,k P(x_ij, y_ij; theta_k) /
 product of its marginals, P(y | x; theta_k) / P(y; theta_k), so that a client differing only
 in its label proportions (label shift) or its inputs (feature shift) gains nothing from a
 component of its own; only concept shift (another P(y | x)) separates. Each round, every
-sampled client i (Algorithm 1):
+sampled client i (Algorithm 1; the steps lettered as FedEM's, the paper's
+numbers unchecked):
 
   E-step   gamma_ij,k = omega_i,k I_k(x_ij, y_ij) / sum_n omega_i,n I_n(x_ij, y_ij),
-           I_k(x, y) = exp(-f(x, y; theta_k)) / P~(y; theta_k)             (the paper's Eq. 4)
-  M-step   omega_i,k = (1 / N_i) sum_j gamma_ij,k                              (Eq. 5)
-           theta_k trained locally on sum_j gamma_ij,k f(x_ij, y_ij; theta_k) / N_i (Eq. 6)
-  server   theta_k = the clients' copies averaged by N_i (FedAvg); the label marginal
+           I_k(x, y) = exp(-f(x, y; theta_k)) / P~(y; theta_k)             (line a)
+  M-step   omega_i,k = (1 / N_i) sum_j gamma_ij,k                      (line b)
+           theta_k trained locally on sum_j gamma_ij,k f(x_ij, y_ij; theta_k) / N_i (line c)
+  server   theta_k = the clients' copies averaged by N_i (FedAvg, as the authors' code; the
+           `aggregation: responsibilities` option weights by N_i omega_i,k); the label marginal
            P~(y; theta_k) = sum_i sum_j gamma_ij,k 1{y_ij = y} / sum_i sum_j gamma_ij,k from
            the responsibility-weighted label counts every client reports.
 
@@ -74,7 +76,7 @@ def label_marginals(counts: np.ndarray, pseudo_count: float) -> np.ndarray:
 
 def robust_responsibilities(log_prior: np.ndarray, losses: np.ndarray, labels: np.ndarray,
                             marginals: np.ndarray) -> np.ndarray:
-    """Eq. 4: gamma_j,k proportional to omega_k exp(-f_kj) / P~(y_j; theta_k), (n, K): FedEM's
+    """Line a: gamma_j,k proportional to omega_k exp(-f_kj) / P~(y_j; theta_k), (n, K): FedEM's
     E-step on the losses f_kj + log P~(y_j; theta_k)."""
     prior_of_label = np.asarray(marginals, np.float64)[:, np.asarray(labels, np.int64)]
     return responsibilities(log_prior, np.asarray(losses, np.float64) + np.log(prior_of_label))
