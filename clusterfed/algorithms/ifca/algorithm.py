@@ -34,7 +34,8 @@ k from the data (`k: null`, the default; an extension, the paper fixes k): the f
 first trains one model for `select_round` rounds (FedAvg, as the warm-up above with one group);
 then every client trains it once and the server clusters those updates as FL+HC's default
 does (average linkage on cosine distances, cut into the most clusters of which every one has
-a mean silhouette of at least `min_silhouette`, else one: `precomputed.substantial_clusters`).
+a mean silhouette of at least `min_silhouette`, else one: `selection.clusters_of_updates`,
+shared with FedEM and FedRC).
 Each cluster found starts its model from the global model plus its members' mean update, and
 IFCA goes on from those k models, every client choosing its model by loss each round as above.
 This start is the authors' trained initialisation with groups found in the data instead of
@@ -66,8 +67,8 @@ from clusterfed.algorithms.base import (
     Update,
     check_choices,
 )
+from clusterfed.algorithms.selection import clusters_of_updates
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
-from clusterfed.clustering import hierarchical as hc
 from clusterfed.clustering.precomputed import NO_STRUCTURE
 from clusterfed.state import serialisable
 
@@ -335,14 +336,10 @@ class IFCA:
         if not results:
             return Update(state)
         clients = np.array([x.client for x in results], dtype=np.int64)
-        updates = np.stack([x.update for x in results])
-        tree = hc.hierarchical_clusters(updates, "cosine", "average", self.min_silhouette,
-                                        "silhouette")
-        labels = tree.labels
         weights = aggregation_weights(np.array([x.num_samples for x in results]), self.weighting)
-        base = state.models[0, 0]
-        models = cluster_fedavg(np.repeat(base[None], tree.num_clusters, axis=0), updates,
-                                labels, weights)
+        found = clusters_of_updates(state.models[0, 0], np.stack([x.update for x in results]),
+                                    weights, self.min_silhouette)
+        labels, models = found.labels, found.models
         n = state.choice.shape[1]
         choice = np.full((1, n), NEVER, dtype=np.int64)
         choice[0, clients] = labels
@@ -351,10 +348,10 @@ class IFCA:
         state = replace(state, models=models[None].astype(np.float32), choice=choice,
                         chosen_round=chosen_round, groups=np.zeros((1, n), dtype=np.int64),
                         selected=True)
-        event = {"type": "ifca_k_selected", "k": tree.num_clusters, "clients": clients.tolist(),
-                 "labels": labels.tolist(), "tree": np.round(tree.linkage, 8).tolist()}
-        sizes = np.bincount(labels, minlength=tree.num_clusters).tolist()
-        return Update(state, {"ifca": {"cluster_sizes": sizes, "k_selected": tree.num_clusters}},
+        event = {"type": "ifca_k_selected", "k": found.num_clusters, "clients": clients.tolist(),
+                 "labels": labels.tolist(), "tree": np.round(found.linkage, 8).tolist()}
+        sizes = np.bincount(labels, minlength=found.num_clusters).tolist()
+        return Update(state, {"ifca": {"cluster_sizes": sizes, "k_selected": found.num_clusters}},
                       [event, {"type": "ifca_choices", "clients": clients.tolist(),
                                "clusters": labels.tolist()}])
 
