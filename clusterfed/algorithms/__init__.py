@@ -8,6 +8,7 @@ from clusterfed.algorithms import (  # noqa: E402,F401,I001
     fedavg_ft,
     fednova,
     fedprox,
+    fedsoft,
     flhc,
     ifca,
     lcfl,
