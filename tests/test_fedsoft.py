@@ -20,7 +20,7 @@ from clusterfed.algorithms.fedsoft.algorithm import (
 from clusterfed.client import ClientResult, TaskKind, TrainSpec
 from clusterfed.config import merge
 from clusterfed.errors import ConfigError
-from clusterfed.sim.simulation import run_config
+from clusterfed.sim.simulation import Simulation
 
 SPEC = TrainSpec(lr=0.1, batch_size=10)
 
@@ -156,19 +156,21 @@ def test_bad_options_are_refused(options, message):
         FedSoft(**options)
 
 
-def fedsoft_run(scenario: dict) -> dict:
+def fedsoft_run(scenario: dict) -> tuple[dict, int]:
+    """The run's clustering and its number of centres S."""
     cfg = tiny_config("fedsoft", scenario=scenario, model={"name": "mlp"},
                       train={"rounds": 6, "participation": 1.0, "local_epochs": 2,
                              "batch_size": 10, "lr": 0.05, "momentum": 0.5},
                       eval={"every": 6}, run={"checkpoint_every": 0, "threads": 1})
-    return run_config(merge(cfg, {"algorithm": {"name": "fedsoft", "select_round": 3}}))
+    sim = Simulation(merge(cfg, {"algorithm": {"name": "fedsoft", "select_round": 3}}))
+    return sim.run()["clustering"], len(sim.state.centres)
 
 
 def test_k_from_the_data_finds_the_rotations_and_one_cluster_on_iid():
-    found = fedsoft_run({"kind": "rotation", "clients": 8, "clusters": 2})["clustering"]
-    assert found["ari"] == 1.0, found
-    iid = fedsoft_run({"kind": "iid", "clients": 8})["clustering"]
-    assert iid["n_clusters"] == 1, iid
+    found, centres = fedsoft_run({"kind": "rotation", "clients": 8, "clusters": 2})
+    assert found["ari"] == 1.0 and centres == 2, found
+    iid, centres = fedsoft_run({"kind": "iid", "clients": 8})
+    assert iid["n_clusters"] == 1 and centres == 1, iid
 
 
 def test_k_given_needs_an_init_scheme():

@@ -169,7 +169,8 @@ class FedSoft:
     k: int | None = None                # S, the number of centres; None: from the data
     select_round: int = 10              # S None: one model until this round (0-based) ...
     min_silhouette: float = NO_STRUCTURE  # ... then its clusters, one below this
-    tau: int = 2                        # estimation period (the authors' main.py: 2)
+    tau: int = 5                        # estimation period (the authors' main.py: 2; see
+                                        # the module docstring)
     lam: float = 0.1                    # lambda, the proximal weight (authors' MNIST: 0.1)
     sigma: float = 1e-4                 # the smoother of Eq. 6 (the authors': 1e-4)
     selection_size: int | None = None   # K per centre; None: every sampled client
