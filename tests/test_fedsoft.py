@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import tiny_config
+from helpers import comparable, tiny_config
 
 from clusterfed.algorithms import RoundContext, Setup
 from clusterfed.algorithms.fedsoft.algorithm import (
@@ -20,7 +20,7 @@ from clusterfed.algorithms.fedsoft.algorithm import (
 from clusterfed.client import ClientResult, TaskKind, TrainSpec
 from clusterfed.config import merge
 from clusterfed.errors import ConfigError
-from clusterfed.sim.simulation import Simulation
+from clusterfed.sim.simulation import Simulation, resume_run, run_config
 
 SPEC = TrainSpec(lr=0.1, batch_size=10)
 
@@ -176,3 +176,22 @@ def test_k_from_the_data_finds_the_rotations_and_one_cluster_on_iid():
 def test_k_given_needs_an_init_scheme():
     with pytest.raises((ValueError, ConfigError), match="init scheme"):
         FedSoft(k=2).init(Setup(2, np.zeros(2, np.float32), np.array([1, 1]), 0))
+
+
+def test_an_interrupted_run_resumes_to_the_same_summary_after_s_is_chosen(tmp_path):
+    # Half the clients a round: some first estimate outside an estimation round.
+    cfg = merge(tiny_config("fedsoft", train={"rounds": 5}, model={"name": "mlp"},
+                            run={"checkpoint_every": 2, "threads": 1}, eval={"every": 1}),
+                {"algorithm": {"name": "fedsoft", "select_round": 1, "tau": 2}})
+    whole = run_config(cfg, tmp_path / "whole")
+
+    def stop(completed, record):
+        if completed == 3:
+            raise KeyboardInterrupt
+        return False
+
+    with pytest.raises(KeyboardInterrupt):
+        run_config(cfg, tmp_path / "broken", callbacks=[stop])
+    assert comparable(resume_run(tmp_path / "broken")) == comparable(whole)
+    assert (tmp_path / "broken" / "metrics.jsonl").read_text() == \
+        (tmp_path / "whole" / "metrics.jsonl").read_text()
