@@ -7,17 +7,21 @@ Round t (Algorithm 1):
 
   step 0  if t mod tau == 0 (the estimation period): the centres go to the clients; for each
           training sample the centre of lowest loss counts it, n_{c,s}; then
-          u_{c,s} = max(n_{c,s} / n_c, sigma) (Eq. 6: sigma keeps every u positive).
+          u_{c,s} = max(n_{c,s} / n_c, sigma) (Alg. 1, estimation: sigma keeps every u positive).
           Otherwise u keeps its last value.
-  step 1  v_{s,c} = u_{c,s} n_c / sum_c' u_{c',s} n_c' (the aggregation weights, Eq. 7);
+  step 1  v_{s,c} = u_{c,s} n_c / sum_c' u_{c',s} n_c' (Alg. 1, aggregation weights);
           per centre s the server selects K clients S_s with probabilities v_{s,c}; each
-          selected client solves its proximal problem (Eq. 8)
+          selected client solves its proximal problem (Alg. 1, local update)
               w_c <- argmin_w f_c(w) + (lambda/2) sum_s u_{c,s} ||w - theta_s||^2,
           here local SGD from its personal model w_c on f_c plus one proximal term
           (mu/2)||w - a||^2 with mu = lambda sum_s u_{c,s} and a = sum_s u_{c,s} theta_s / sum_s
           u_{c,s} (the same objective up to a constant); the server sets
-              theta_s <- (1/K) sum_{c in S_s} w_c   (Eq. 9, an unbiased estimate of
+              theta_s <- (1/K) sum_{c in S_s} w_c   (Alg. 1, centre update, an unbiased estimate of
                                                     sum_c v_{s,c} w_c).
+
+The steps are named by Algorithm 1's parts, not by equation numbers: the paper's full text
+was not at hand when this was written (its abstract, the authors' code ycruan/FedSoft and the
+door's brief were); check them against the paper before citing them.
 
 How it maps onto our rounds. The runtime samples the round's clients (`ctx.sampled`); FedSoft
 works among them. The estimation of step 0 goes to the sampled clients that are due: every
@@ -26,8 +30,8 @@ centres to all N clients; here a client not sampled keeps its last u, a never-se
 u = 1/S). Selection: with `selection_size` K, each centre draws K of the sampled clients without
 replacement with probabilities v_{s,c} renormalised over them (the authors' code draws without
 replacement too) and the union trains; with K null (the default) every sampled client is in every
-S_s, and theta_s is the v-weighted mean sum_c v_{s,c} w_c over them, the expectation Eq. 9
-estimates (the authors' `do_selection: False`).
+S_s, and theta_s is the v-weighted mean sum_c v_{s,c} w_c over them, the expectation that the
+centre update estimates (the authors' `do_selection: False`).
 
 Deviations, and why:
 - The server computes u: the clients answer a per-sample LOSSES task with the loss of every
@@ -95,7 +99,7 @@ class FedSoftState:
     personal: np.ndarray     # (n, d) each client's personal model w_c
     importance: np.ndarray   # (n, S) u_{c,s}; 1/S for a client never estimated
     estimated: np.ndarray    # (n,) the round of each client's latest estimate, -1 never
-    num_samples: np.ndarray  # (n,) n_c, the training samples of each client (Eq. 7)
+    num_samples: np.ndarray  # (n,) n_c, each client's training samples
     seed: int                # the run's seed: the selection's random source with the round
     selected: bool = True    # S from the data: whether it has been chosen yet
 
@@ -104,8 +108,8 @@ class FedSoftState:
 
 
 def importance_weights(losses: np.ndarray, sigma: float) -> np.ndarray:
-    """u_s = max(n_s / n, sigma) (Eq. 6) from (S, n) per-sample losses: n_s counts the samples
-    whose lowest loss is under centre s (ties go to the lowest s)."""
+    """u_s = max(n_s / n, sigma) (Alg. 1, estimation) from (S, n) per-sample losses: n_s
+    counts the samples whose lowest loss is under centre s (ties go to the lowest s)."""
     num_centres, n = losses.shape
     counts = np.bincount(np.argmin(losses, axis=0), minlength=num_centres)
     return np.maximum(counts / n, sigma)
@@ -119,7 +123,8 @@ def hard_importance(labels: np.ndarray, num_centres: int, sigma: float) -> np.nd
 
 
 def centre_weights(importance: np.ndarray, num_samples: np.ndarray) -> np.ndarray:
-    """v_{s,c} = u_{c,s} n_c / sum_c' u_{c',s} n_c' (Eq. 7): (S, m) from (m, S) and (m,)."""
+    """v_{s,c} = u_{c,s} n_c / sum_c' u_{c',s} n_c' (Alg. 1, aggregation weights): (S, m)
+    from u (m, S) and n (m,)."""
     mass = importance.T * np.asarray(num_samples, dtype=np.float64)[None, :]
     return mass / mass.sum(axis=1, keepdims=True)
 
@@ -127,9 +132,9 @@ def centre_weights(importance: np.ndarray, num_samples: np.ndarray) -> np.ndarra
 def select_clients(v: np.ndarray, size: int | None, rng: np.random.Generator) -> np.ndarray:
     """(S, m) aggregation matrix A with theta_s = sum_c A[s, c] w_c.
 
-    size None: A = v (every client in every S_s, the expectation of Eq. 9). Otherwise centre s
-    draws `size` clients without replacement with probabilities v[s] and A[s, c] = 1/K on
-    them (Eq. 9).
+    size None: A = v (every client in every S_s: the expectation of the centre update).
+    Otherwise centre s draws `size` clients without replacement with probabilities v[s] and
+    A[s, c] = 1/K on them (Alg. 1, centre update).
     """
     if size is None or size >= v.shape[1]:
         return np.array(v, dtype=np.float64)
@@ -150,8 +155,8 @@ def proximal_term(importance: np.ndarray, centres: np.ndarray, lam: float
 
 
 def centre_update(centres: np.ndarray, weights: np.ndarray, models: np.ndarray) -> np.ndarray:
-    """theta_s <- sum_c A[s, c] w_c / sum_c A[s, c] (Eq. 9) over the local models that came
-    back; a centre whose clients all failed keeps its value."""
+    """theta_s <- sum_c A[s, c] w_c / sum_c A[s, c] (Alg. 1, centre update) over the local
+    models that came back; a centre whose clients all failed keeps its value."""
     out = np.array(centres, dtype=np.float32)
     mass = weights.sum(axis=1)
     live = mass > 0
@@ -183,7 +188,7 @@ class FedSoft:
     tau: int = 5                        # estimation period (the authors' main.py: 2; see
                                         # the module docstring)
     lam: float = 0.1                    # lambda, the proximal weight (authors' MNIST: 0.1)
-    sigma: float = 1e-4                 # the smoother of Eq. 6 (the authors': 1e-4)
+    sigma: float = 1e-4                 # the smoother of Alg. 1, estimation (the authors': 1e-4)
     selection_size: int | None = None   # K per centre; None: every sampled client
     sees: ClassVar[frozenset[str]] = frozenset({"concept", "feature", "label"})
     toy_mixture_options: ClassVar[dict[str, Any] | None] = {"rounds": 8, "select_round": 4}
@@ -258,7 +263,7 @@ class FedSoft:
                     for c in self._due(state, ctx)]
         trainers, _ = self._aggregation(state, ctx)
         tasks = []
-        for c in trainers.tolist():   # Eq. 8, from the personal model
+        for c in trainers.tolist():   # Alg. 1, local update, from the personal model
             objective = None
             if self.lam > 0:
                 mu, anchor = proximal_term(state.importance[c], state.centres, self.lam)
@@ -320,7 +325,7 @@ class FedSoft:
 
     def _estimate(self, state: FedSoftState, ctx: RoundContext,
                   results: Sequence[ClientResult]) -> Update:
-        """Step 0: u_{c,s} of every due client that answered (Eq. 6)."""
+        """Step 0: u_{c,s} of every due client that answered (Alg. 1, estimation)."""
         importance = state.importance.copy()
         estimated = state.estimated.copy()
         for x in results:
@@ -335,7 +340,7 @@ class FedSoft:
 
     def _aggregate(self, state: FedSoftState, ctx: RoundContext,
                    results: Sequence[ClientResult]) -> Update:
-        """Step 1: the selected clients' new personal models; the centres (Eq. 9)."""
+        """Step 1: the selected clients' personal models; the centres (Alg. 1, centre update)."""
         trainers, weights = self._aggregation(state, ctx)
         if not results:
             return Update(state)
