@@ -10,6 +10,7 @@ from clusterfed.algorithms import (  # noqa: E402,F401,I001
     fednova,
     fedprox,
     fedrc,
+    fedsoft,
     flhc,
     ifca,
     lcfl,
