@@ -78,6 +78,7 @@ def describe(federation: Federation) -> dict[str, Any]:
         "train_label_histogram": train_hist.tolist(),
         "test_label_histogram": test_hist.tolist(),
         "info": federation.info,
+        "groupings": {name: [int(v) for v in g] for name, g in federation.groupings.items()},
     }
 
 

@@ -33,22 +33,29 @@ class Transform(Protocol):
 
 @dataclass(frozen=True)
 class ClientSpec:
-    """One client as a scenario describes it: which samples, which transform, which cluster."""
+    """One client as a scenario describes it: which samples, which transform, which cluster.
+
+    `test_transform`, if given, replaces `transform` for the test data (label noise that only
+    touches training labels, a corruption's own random draws for the test images).
+    """
 
     train_idx: np.ndarray
     test_idx: np.ndarray
     transform: Transform
     cluster: int
+    test_transform: Transform | None = None
 
 
 
 @dataclass(frozen=True)
 class ScenarioPlan:
-    """Per-client specs, JSON-serialisable facts, and the label count if the scenario relabels."""
+    """Per-client specs, JSON-serialisable facts, the label count if the scenario relabels, and
+    named true groupings beside the clusters (one entry per client; `Federation.groupings`)."""
 
     clients: list[ClientSpec]
     info: dict[str, Any] = field(default_factory=dict)
     n_classes: int | None = None
+    groupings: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 

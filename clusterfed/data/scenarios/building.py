@@ -13,13 +13,14 @@ from clusterfed.data import partition as part
 from clusterfed.data.datasets import Dataset
 from clusterfed.data.federation import ClientData, Federation
 from clusterfed.data.scenarios.assignment import Assignment, ScenarioPlan
+from clusterfed.data.scenarios.overlays import apply_overlays
 from clusterfed.errors import ConfigError
 from clusterfed.registry import Registry, accepted_keys, check_keys
 
 ScenarioFn = Callable[..., ScenarioPlan]
 SCENARIOS: Registry[ScenarioFn] = Registry("scenario")
 COMMON_KEYS = {"kind", "clients", "clusters", "samples_per_client", "test_samples_per_client",
-               "test", "quantity_skew", "clients_per_cluster"}
+               "test", "quantity_skew", "clients_per_cluster", "corruption", "label_noise"}
 TEST_MODES = ("split", "by_labels", "all")
 
 
@@ -60,8 +61,11 @@ def build_federation(dataset: Dataset, scenario: dict[str, Any], seed: int) -> F
         test=test, cluster_sizes=sizes, weights=weights,
         min_samples=skew["min_samples"] if skew else 1,
     )
+    corruption, label_noise = scenario.pop("corruption", None), scenario.pop("label_noise", None)
     rng = np.random.default_rng([seed, 0x5CE7])
     plan = fn(dataset, assign=assign, rng=rng, **scenario)
+    plan = apply_overlays(dataset, plan, corruption=corruption, label_noise=label_noise,
+                          seed=seed)
     info = {**plan.info, "test": test}
     if skew is not None:
         info["quantity_skew"] = skew
@@ -74,15 +78,17 @@ def materialise(dataset: Dataset, plan: ScenarioPlan) -> Federation:
     out = []
     for spec in plan.clients:
         t = spec.transform
+        tt = t if spec.test_transform is None else spec.test_transform
         out.append(ClientData(
             train_x=_to_float(t.apply_x(dataset.train_x[spec.train_idx])),
             train_y=t.apply_y(dataset.train_y[spec.train_idx]).astype(np.int64),
-            test_x=_to_float(t.apply_x(dataset.test_x[spec.test_idx])),
-            test_y=t.apply_y(dataset.test_y[spec.test_idx]).astype(np.int64),
+            test_x=_to_float(tt.apply_x(dataset.test_x[spec.test_idx])),
+            test_y=tt.apply_y(dataset.test_y[spec.test_idx]).astype(np.int64),
         ))
     true = np.array([s.cluster for s in plan.clients], dtype=np.int64)
     n_classes = plan.n_classes if plan.n_classes is not None else dataset.n_classes
-    return Federation(out, true, n_classes, dataset.input_shape, plan.info)
+    groupings = {name: np.asarray(g, dtype=np.int64) for name, g in plan.groupings.items()}
+    return Federation(out, true, n_classes, dataset.input_shape, plan.info, groupings)
 
 
 def _to_float(x: np.ndarray) -> np.ndarray:
