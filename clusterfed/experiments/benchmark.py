@@ -8,7 +8,12 @@ scenarios cover each kind of heterogeneity a clustered method may see:
 - feature shift (other inputs for the same labels): rotation, also with unequal cluster sizes;
 - label shift (other label sets): label groups;
 - Dirichlet label skew, whose clients form no true clusters (no claim: shown for accuracy);
-- an iid control, where every method must find exactly one cluster.
+- an iid control, where every method must find exactly one cluster;
+- corruptions (CIFAR-10-C style): a corruption per cluster (feature shift), and label-swap
+  clusters whose clients also carry one of two corruptions across the clusters (concept,
+  scored against the swaps; the run's summary also scores it against the corruptions);
+- label noise inside label-swap clusters (no claim: whether a method keeps noisy clients with
+  their cluster or splits them off is shown, not judged).
 
 A method states which shifts it can see (`sees` on its class); it is held to mean ARI >=
 `ARI_BAR` over the seeds only there, and to one cluster on every seed of the iid control.
@@ -43,7 +48,8 @@ REFERENCES = ("fedavg", "local")
 @dataclass(frozen=True)
 class BenchScenario:
     name: str
-    shift: str                     # concept | feature | label | none (iid) | skew (no truth)
+    # concept | feature | label | none (iid) | skew (no truth) | noise (label noise, no claim)
+    shift: str
     section: Mapping[str, Any]     # the config's scenario section, less the client count
 
     @property
@@ -61,6 +67,14 @@ SCENARIOS: dict[str, BenchScenario] = {s.name: s for s in (
     BenchScenario("label_groups", "label", {"kind": "label_groups", "clusters": 4}),
     BenchScenario("dirichlet", "skew", {"kind": "dirichlet", "alpha": 0.3}),
     BenchScenario("iid", "none", {"kind": "iid"}),
+    # Clean, Gaussian noise, Gaussian blur, contrast at severity 3 of CIFAR-10-C.
+    BenchScenario("corrupted", "feature", {"kind": "corrupted", "clusters": 4}),
+    BenchScenario("label_swap_corrupted", "concept", {
+        "kind": "label_swap", "clusters": 4,
+        "corruption": {"kinds": ["none", "gaussian_noise"], "severity": 3}}),
+    # Two of each cluster's five clients have 30 % of their training labels flipped.
+    BenchScenario("label_swap_noisy", "noise", {
+        "kind": "label_swap", "clusters": 4, "label_noise": {"rate": 0.3, "share": 0.4}}),
 )}
 
 
