@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
-from clusterfed.clustering.metrics import grouping_scores
+from clusterfed.clustering.metrics import grouping_scores, truth_scores
 from clusterfed.data import Dataset, build_federation, load_dataset
 from clusterfed.data import corruptions as cx
 from clusterfed.data.describe import describe
@@ -62,6 +62,22 @@ def test_corrupted_is_seeded_per_seed_and_client(digits):
         np.testing.assert_array_equal(c.test_x, d.test_x)
     other = build_federation(digits, section, 1)
     assert not np.array_equal(a.clients[0].train_x[:5], other.clients[0].train_x[:5])
+    # Impulse noise (cluster 1): which pixels it hits differs between clients, and between a
+    # client's train and test images (the first 100 of each, where both are grey, not 0 or 1).
+    clean = clean_twin(digits, 4, 2, seed=0)
+
+    def hits(i: int, split: str) -> tuple[np.ndarray, np.ndarray]:
+        x, x0 = getattr(a.clients[i], f"{split}_x")[:100], getattr(clean.clients[i],
+                                                                  f"{split}_x")[:100]
+        return x != x0, (x0 > 0.0) & (x0 < 1.0)
+
+    def differ(one: tuple[int, str], other: tuple[int, str]) -> bool:
+        (h1, grey1), (h2, grey2) = hits(*one), hits(*other)
+        both = grey1 & grey2
+        return both.sum() > 1000 and not np.array_equal(h1[both], h2[both])
+
+    assert hits(2, "train")[0].mean() > 0.005
+    assert differ((2, "train"), (3, "train")) and differ((2, "train"), (2, "test"))
 
 
 def test_concept_clusters_with_a_crossed_corruption_grouping(digits):
@@ -137,8 +153,10 @@ def test_a_run_scores_its_clustering_against_each_grouping(digits):
     summary = run_config(config)["clustering"]
     truth = np.array(summary["true_assignment"])
     assert truth.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
-    ari = adjusted_rand_score([0, 1] * 4, summary["assignment"])
-    assert summary["groupings"]["corruption"]["ari"] == pytest.approx(ari)
+    # Local: a cluster per client, so ARI is 0 against both; NMI tells them apart.
+    assert summary["groupings"]["corruption"] == pytest.approx(
+        truth_scores(np.array([0, 1] * 4), np.array(summary["assignment"])))
+    assert summary["groupings"]["corruption"]["nmi"] != pytest.approx(summary["nmi"])
     assert "groupings" not in run_config(tiny_config("local", train={"rounds": 1}))["clustering"]
 
 
