@@ -195,3 +195,10 @@ def test_benchmark_scenarios(name, shift, corruption, noise):
     if noise is not None:                               # noisy clients of each true cluster
         per_cluster = np.bincount(fed.true_clusters, weights=fed.groupings["label_noise"])
         assert per_cluster.tolist() == noise
+
+
+def test_benchmark_rows_record_the_ari_against_the_second_grouping(tmp_path):
+    rows = bench.run_benchmark(tmp_path, datasets=["digits"], scenarios=["label_swap_corrupted"],
+                               methods=["fedavg"], seeds=[0],
+                               overrides=["train.rounds=1", "run.threads=1"])
+    assert rows[0]["clusters"] == 1 and rows[0]["ari_vs"] == {"corruption": 0.0}
