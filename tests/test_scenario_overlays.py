@@ -11,7 +11,7 @@ from sklearn.metrics import adjusted_rand_score
 from clusterfed.clustering.metrics import grouping_scores, truth_scores
 from clusterfed.data import Dataset, build_federation, load_dataset
 from clusterfed.data import corruptions as cx
-from clusterfed.data.describe import describe
+from clusterfed.data.describe import describe, format_description
 from clusterfed.data.export import truth_record
 from clusterfed.errors import ConfigError
 from clusterfed.experiments import benchmark as bench
@@ -100,6 +100,7 @@ def test_concept_clusters_with_a_crossed_corruption_grouping(digits):
             np.testing.assert_allclose(c.test_x * 255, expected, atol=1e-4)
     d = describe(fed)
     assert d["groupings"] == {"corruption": [0, 1, 0, 1, 0, 1, 0, 1]}
+    assert "second grouping corruption, clients per group: 0: 4, 1: 4" in format_description(d)
     assert truth_record(fed, "digits", [], base)["groupings"] == d["groupings"]
 
 
