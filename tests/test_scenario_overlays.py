@@ -203,3 +203,16 @@ def test_benchmark_rows_record_the_ari_against_the_second_grouping(tmp_path):
                                methods=["fedavg"], seeds=[0],
                                overrides=["train.rounds=1", "run.threads=1"])
     assert rows[0]["clusters"] == 1 and rows[0]["ari_vs"] == {"corruption": 0.0}
+
+
+def test_result_line_and_report_name_the_second_grouping():
+    from clusterfed.cli import result_line
+    from clusterfed.report.pages import _clustering_line
+
+    clustering = {"n_clusters": 2, "ari": 1.0, "nmi": 1.0,
+                  "groupings": {"corruption": {"ari": 0.25, "nmi": 0.5}}}
+    summary = {"algorithm": "ifca", "final": {"mean_accuracy": 0.9}, "wall_seconds": 1.0,
+               "clustering": clustering}
+    assert "ARI 1.000, ARI vs corruption 0.250, 1.0 s" in result_line(summary)
+    assert _clustering_line(clustering).endswith(
+        "against the true clusters; ARI 0.250, NMI 0.500 against the corruption grouping")
