@@ -200,9 +200,10 @@ def test_benchmark_scenarios(name, shift, corruption, noise):
 
 def test_benchmark_rows_record_the_ari_against_the_second_grouping(tmp_path):
     rows = bench.run_benchmark(tmp_path, datasets=["digits"], scenarios=["label_swap_corrupted"],
-                               methods=["fedavg"], seeds=[0],
+                               methods=["fedavg", "local"], seeds=[0],
                                overrides=["train.rounds=1", "run.threads=1"])
     assert rows[0]["clusters"] == 1 and rows[0]["ari_vs"] == {"corruption": 0.0}
+    assert rows[1]["clusters"] == 20 and rows[1]["ari_vs"] == {"corruption": 0.0}
 
 
 def test_result_line_and_report_name_the_second_grouping():

@@ -178,9 +178,9 @@ def run_benchmark(out: str | Path, *, datasets: Sequence[str], scenarios: Sequen
                            "clusters": summary["clustering"]["n_clusters"],
                            "accuracy": summary["final"]["mean_accuracy"],
                            "seconds": round(time.perf_counter() - start, 2)}
-                    extra = summary["clustering"].get("groupings")
-                    if extra:   # a second true grouping (a corruption, noisy labels)
-                        row["ari_vs"] = {name: g["ari"] for name, g in extra.items()}
+                    second = summary["clustering"].get("groupings")
+                    if second:   # a second true grouping (a corruption, noisy labels)
+                        row["ari_vs"] = {name: g["ari"] for name, g in second.items()}
                     with path.open("a") as f:
                         f.write(json.dumps(row) + "\n")
                     rows.append(row)
