@@ -80,6 +80,11 @@ class LocalObjective:
     maml: Per-FedAvg's meta step, 'fo' (first order) or 'hf' (Hessian-free); each local step
         is then w <- w - lr * meta-gradient with inner step size `maml_alpha`, and the
         Hessian-vector product of 'hf' is a central difference of step `maml_delta`.
+    anchor: the proximal term's centre instead of w_start (flat, like the parameters; FedSoft
+        pulls toward a mix of cluster centres).
+    sample_weights: one non-negative weight per training sample, in the client's data order
+        (the order of a per-sample LOSSES result); each batch's loss is then the mean of
+        w_j * loss_j (FedEM's and FedRC's responsibility-weighted M-step).
     Runtimes that batch plain SGD (a vectorised executor) run tasks with an objective one by one.
     """
 
@@ -88,6 +93,8 @@ class LocalObjective:
     maml: str | None = None
     maml_alpha: float = 0.01
     maml_delta: float = 1e-3
+    anchor: np.ndarray | None = None
+    sample_weights: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if not self.prox_mu >= 0 or not math.isfinite(self.prox_mu):
@@ -96,16 +103,23 @@ class LocalObjective:
             if self.maml not in MAML_VARIANTS:
                 raise ConfigError(f"maml variant must be one of {MAML_VARIANTS}, "
                                   f"got {self.maml!r}")
-            if self.prox_mu or self.correction is not None:
-                raise ConfigError("a MAML step takes no proximal term or correction")
+            if self.prox_mu or self.correction is not None or self.sample_weights is not None:
+                raise ConfigError("a MAML step takes no proximal term, correction or sample "
+                                  "weights")
         if not self.maml_alpha > 0 or not self.maml_delta > 0:
             raise ConfigError("maml_alpha and maml_delta must be positive")
+        if self.anchor is not None and not self.prox_mu:
+            raise ConfigError("a proximal anchor needs a proximal term mu > 0")
+        w = self.sample_weights
+        if w is not None and (np.ndim(w) != 1 or not np.all(np.isfinite(w)) or np.any(w < 0)):
+            raise ConfigError("sample weights are one finite weight >= 0 per training sample")
 
     def map_vectors(self, fn: Callable[[np.ndarray], np.ndarray]) -> LocalObjective:
         """The same objective with its parameter-space vectors mapped by `fn` (privacy)."""
-        if self.correction is None:
+        if self.correction is None and self.anchor is None:
             return self
-        return replace(self, correction=fn(self.correction))
+        return replace(self, correction=None if self.correction is None else fn(self.correction),
+                       anchor=None if self.anchor is None else fn(self.anchor))
 
 
 @dataclass(frozen=True)
@@ -114,16 +128,28 @@ class LossSpec:
 
     `data`: "train" (default) or "train+test" (LCFL's authors' code). `max_samples`: a random
     subsample of that many, drawn once per task from the task's seed, the same for every model.
+    `per_sample`: the loss of every training sample under every model, (models, n) in the
+    client's data order, instead of each model's mean (FedEM's, FedRC's and FedSoft's E-steps,
+    computed by the server: the server then sees n scalars a model where the papers' clients
+    keep them); `labels`: the samples' labels too (FedRC's label marginals).
     """
 
     data: str = "train"
     max_samples: int | None = None
+    per_sample: bool = False
+    labels: bool = False
 
     def __post_init__(self) -> None:
         if self.data not in ("train", "train+test"):
             raise ConfigError(f"loss data must be 'train' or 'train+test', got {self.data!r}")
         if self.max_samples is not None and self.max_samples < 1:
             raise ConfigError(f"max_samples must be positive or null, got {self.max_samples}")
+        if self.per_sample and (self.data != "train" or self.max_samples is not None):
+            # Per-sample figures index the training data, as a TRAIN task's sample weights do.
+            raise ConfigError("per-sample losses are of all the training data: no test data, "
+                              "no subsample")
+        if self.labels and not self.per_sample:
+            raise ConfigError("labels come with per-sample losses only")
 
 
 SPLITS = ("test", "validation")
@@ -205,6 +231,8 @@ class ClientResult:
     update: np.ndarray | None = None      # TRAIN: new - old; GRADIENT: the gradient
     loss: float = float("nan")            # TRAIN: mean training loss; EVALUATE: test loss
     losses: np.ndarray | None = None      # LOSSES/EVALUATE: one loss per model
+                                          # (LOSSES per_sample: (models, n), one per sample)
+    labels: np.ndarray | None = None      # LOSSES with LossSpec.labels: each sample's label
     accuracies: np.ndarray | None = None  # EVALUATE: one accuracy per model
     signature: np.ndarray | None = None   # SIGNATURE: (d, c) left singular vectors
     signature_labels: np.ndarray | None = None  # SIGNATURE: each column's class (-1: all data)

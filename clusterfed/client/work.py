@@ -34,6 +34,15 @@ def scored(y: torch.Tensor) -> int:
     return max(int((y != IGNORE_INDEX).sum()), 1)
 
 
+def per_sample_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """(b,): each sample's cross-entropy, the mean over its scored tokens for sequences."""
+    loss = F.cross_entropy(logits, target, reduction="none")
+    if loss.dim() == 1:
+        return loss
+    mask = (target != IGNORE_INDEX).to(loss.dtype).flatten(1)
+    return (loss.flatten(1) * mask).sum(1) / mask.sum(1).clamp(min=1)
+
+
 def chunk_rows(y: torch.Tensor) -> int:
     """Rows per evaluation chunk, so a chunk holds about EVAL_TARGETS labels."""
     per_row = max(1, y[0].numel()) if len(y) else 1
@@ -46,13 +55,21 @@ def train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tens
     """Local mini-batch SGD from `params`; returns (new - old parameters, mean batch loss).
 
     Each epoch visits a fresh permutation in batches of `batch_size`, the last one partial.
-    `objective` adds FedProx's proximal gradient mu (w - params) to each step's gradient and
-    SCAFFOLD's correction to each step's direction (after momentum); the loss reported is the
-    data loss alone. Per-FedAvg's MAML steps are `meta_train`'s.
+    `objective` adds FedProx's proximal gradient mu (w - anchor) to each step's gradient (the
+    anchor is `params` unless the objective names one), SCAFFOLD's correction to each step's
+    direction (after momentum) and weights each sample's loss; the loss reported is the
+    (weighted) data loss alone. Per-FedAvg's MAML steps are `meta_train`'s.
     """
     mu = objective.prox_mu if objective is not None else 0.0
     correction = (torch.as_tensor(objective.correction)
                   if objective is not None and objective.correction is not None else None)
+    anchor = (torch.as_tensor(objective.anchor, device=params.device)
+              if objective is not None and objective.anchor is not None else params)
+    weights = (torch.as_tensor(objective.sample_weights, dtype=params.dtype,
+                               device=params.device)
+               if objective is not None and objective.sample_weights is not None else None)
+    if weights is not None and len(weights) != len(y):
+        raise ValueError(f"{len(weights)} sample weights for {len(y)} training samples")
     n = len(y)
     batch = min(spec.batch_size, n)
     per_epoch = math.ceil(n / batch)
@@ -65,9 +82,12 @@ def train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tens
             order = torch.randperm(n, generator=generator)
         idx = order[(step % per_epoch) * batch:(step % per_epoch + 1) * batch]
         w.requires_grad_(True)
-        loss = F.cross_entropy(model(w, x[idx]), y[idx])
+        if weights is None:
+            loss = F.cross_entropy(model(w, x[idx]), y[idx])
+        else:   # the mean of w_j * loss_j over the batch: an unbiased step on (1/n) sum w l
+            loss = (weights[idx] * per_sample_loss(model(w, x[idx]), y[idx])).mean()
         (grad,) = torch.autograd.grad(loss, w)
-        w, velocity = sgd_step(w.detach(), grad, velocity, spec, prox_mu=mu, anchor=params,
+        w, velocity = sgd_step(w.detach(), grad, velocity, spec, prox_mu=mu, anchor=anchor,
                                correction=correction)
         total += loss.detach().item()
     return w - params, total / steps
@@ -158,6 +178,19 @@ def losses(model: FlatModel, stacked: torch.Tensor, x: torch.Tensor, y: torch.Te
     return np.array([evaluate(model, w, x, y)[0] for w in stacked], dtype=np.float64)
 
 
+def sample_losses(model: FlatModel, stacked: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+                  ) -> np.ndarray:
+    """(models, n): the loss of every sample under each model (rows of `stacked`), in chunks."""
+    out = np.empty((len(stacked), len(y)), dtype=np.float64)
+    rows = chunk_rows(y)
+    with torch.no_grad():
+        for m, w in enumerate(stacked):
+            for start in range(0, len(y), rows):
+                loss = per_sample_loss(model(w, x[start:start + rows]), y[start:start + rows])
+                out[m, start:start + rows] = loss.double().cpu().numpy()
+    return out
+
+
 def loss_data(train_xy: tuple[torch.Tensor, torch.Tensor],
               test_xy: tuple[torch.Tensor, torch.Tensor], spec: LossSpec | None,
               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,11 +253,13 @@ def run_task(model: FlatModel, task: ClientTask, train_xy: tuple[torch.Tensor, t
     if task.kind is TaskKind.LOSSES:
         began = time.perf_counter()
         lx, ly = loss_data(train_xy, test_xy, task.loss, generator)
-        values = losses(model, stacked, lx, ly)
+        per_sample = task.loss is not None and task.loss.per_sample
+        values = (sample_losses if per_sample else losses)(model, stacked, lx, ly)
+        labels = ly.cpu().numpy().astype(np.int64) if per_sample and task.loss.labels else None
         # The client's compute time, for cost reports (LCFL's M^2 evaluations); not in state.
         meta = {**task.meta, "seconds": time.perf_counter() - began}
-        return ClientResult(task.client, task.kind, len(y), losses=values, meta=meta,
-                            task_id=task.id)
+        return ClientResult(task.client, task.kind, len(y), losses=values, labels=labels,
+                            meta=meta, task_id=task.id)
     tx, ty = test_xy
     pairs = [evaluate(model, w, tx, ty) for w in stacked]
     return ClientResult(task.client, task.kind, len(ty),

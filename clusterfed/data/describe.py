@@ -113,4 +113,8 @@ def format_description(description: Mapping[str, Any], max_clients: int = 20) ->
     if d["clients"] > shown:
         lines.append(f"... {d['clients'] - shown} more clients (all of them in the plots and "
                      f"scenario.json)")
+    drift = d["info"].get("drift")
+    if drift:
+        lines.append(f"drift from round {drift['round']} (shown: the data before it): clients "
+                     f"{drift['clients']} move from clusters {drift['from']} to {drift['to']}")
     return "\n".join(lines)

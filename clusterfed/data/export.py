@@ -34,6 +34,10 @@ def check_exportable(federation: Federation, fmt: str) -> None:
     """Refuse what own data cannot hold, or `fmt` cannot hold without loss, before writing."""
     if fmt not in EXPORT_FORMATS:
         raise DataError(f"unknown export format {fmt!r}; valid: {', '.join(EXPORT_FORMATS)}")
+    if federation.drift is not None:
+        raise DataError(f"the federation drifts at round {federation.drift.round} "
+                        f"(scenario.drift): own data holds one set of client data; drop "
+                        f"scenario.drift to export")
     for k, c in enumerate(federation.clients):
         for x, y in ((c.train_x, c.train_y), (c.test_x, c.test_y)):
             if not np.issubdtype(x.dtype, np.floating):

@@ -37,10 +37,28 @@ class Federation:
     input_shape: tuple[int, ...]
     info: dict[str, Any] = field(default_factory=dict)
     groupings: dict[str, np.ndarray] = field(default_factory=dict)
+    # scenario.drift: from a round on, some clients hold other data (and another true cluster).
+    drift: Drift | None = None
 
     @property
     def num_clients(self) -> int:
         return len(self.clients)
 
+    def at_round(self, round_number: int) -> Federation:
+        """The federation of round `round_number` (1-based; 0: before the first round)."""
+        if self.drift is None or round_number < self.drift.round:
+            return self
+        return self.drift.after
+
     def train_sizes(self) -> np.ndarray:
         return np.array([c.num_train for c in self.clients], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Drift:
+    """From round `round` (1-based) on, the federation is `after`: `clients` hold new data of
+    their new true cluster there; every other client's data are the same arrays."""
+
+    round: int
+    clients: tuple[int, ...]
+    after: Federation

@@ -8,6 +8,9 @@ scenarios cover each kind of heterogeneity a clustered method may see:
 - feature shift (other inputs for the same labels): rotation, also with unequal cluster sizes;
 - label shift (other label sets): label groups;
 - Dirichlet label skew, whose clients form no true clusters (no claim: shown for accuracy);
+- drift (FlexCFL's client migration): the label swap where a fifth of the clients move to the
+  next cluster at round 20 of 40; scored against the final truth, it shows which methods
+  re-cluster (no claim: no method states it follows clients that change);
 - an iid control, where every method must find exactly one cluster;
 - corruptions (CIFAR-10-C style): a corruption per cluster (feature shift), and label-swap
   clusters whose clients also carry one of two corruptions across the clusters (concept,
@@ -48,7 +51,8 @@ REFERENCES = ("fedavg", "local")
 @dataclass(frozen=True)
 class BenchScenario:
     name: str
-    # concept | feature | label | none (iid) | skew (no truth) | noise (label noise, no claim)
+    # concept | feature | label | none (iid) | skew (no truth) | drift (clients change
+    # cluster mid-run) | noise (label noise, no claim)
     shift: str
     section: Mapping[str, Any]     # the config's scenario section, less the client count
 
@@ -66,6 +70,8 @@ SCENARIOS: dict[str, BenchScenario] = {s.name: s for s in (
                                                   "clients_per_cluster": [8, 6, 4, 2]}),
     BenchScenario("label_groups", "label", {"kind": "label_groups", "clusters": 4}),
     BenchScenario("dirichlet", "skew", {"kind": "dirichlet", "alpha": 0.3}),
+    BenchScenario("label_swap_drift", "drift", {"kind": "label_swap", "clusters": 4,
+                                                "drift": {"round": 20, "clients": 0.2}}),
     BenchScenario("iid", "none", {"kind": "iid"}),
     # Clean, Gaussian noise, Gaussian blur, contrast at severity 3 of CIFAR-10-C.
     BenchScenario("corrupted", "feature", {"kind": "corrupted", "clusters": 4}),

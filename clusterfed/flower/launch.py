@@ -13,6 +13,7 @@ from clusterfed.errors import ClusterfedError
 from clusterfed.flower.local import LocalFederation, raise_on_sigterm
 from clusterfed.flower.wire import config_json
 from clusterfed.run_folder import CHECKPOINT
+from clusterfed.sim.build import refuse_drift
 
 # Flower's own lines worth showing without --verbose-flower.
 _SHOWN = ("[clusterfed]", "ERROR", "Error", "Traceback", "Exception", "Successfully started run")
@@ -58,6 +59,7 @@ def run_local(config: Mapping[str, Any], folder: str | Path, *, clients: int | N
     Returns the run's summary; raises ClusterfedError (with the logs' place) when it failed.
     """
     folder = Path(folder).resolve()
+    refuse_drift(config, "under Flower")
     if resume and not (folder / CHECKPOINT).exists():
         raise ClusterfedError(f"{folder} has no checkpoint to resume from")
     sites = None

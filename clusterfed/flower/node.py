@@ -45,6 +45,7 @@ from clusterfed.sim.build import (
     initial_models,
     initial_params,
     privacy_transform,
+    refuse_drift,
 )
 from clusterfed.sim.choice import resolve_device
 from clusterfed.tasks import ClientResult, ClientTask
@@ -123,6 +124,7 @@ class Population:
               secret: bytes | None = None) -> Population:
         """The scenario's federation (or data.root's client folders), as the simulator builds it."""
         config = cfg.resolve(config)
+        refuse_drift(config, "under Flower")
         return cls._serving(config, build_federation_for(config, data_dir), False, secret)
 
     @classmethod

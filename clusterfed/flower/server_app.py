@@ -24,6 +24,7 @@ from clusterfed import config as cfg
 from clusterfed.errors import ClusterfedError
 from clusterfed.flower.executor import FlowerExecutor
 from clusterfed.run_folder import CHECKPOINT, read_config
+from clusterfed.sim.build import refuse_drift
 from clusterfed.sim.simulation import Simulation
 
 app = ServerApp()
@@ -65,6 +66,7 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any], *, report: bool = 
     # A resumed run continues with its folder's own config, whatever the run config says.
     config = read_config(out) if resume else experiment_config(run_config)
     config["run"]["progress"] = False    # no progress bar in a log stream; one line per round
+    refuse_drift(config, "under Flower")
     executor = FlowerExecutor(grid, config,
                               reply_timeout=float(run_config.get("reply-timeout", 600.0)),
                               join_timeout=float(run_config.get("join-timeout", 300.0)))

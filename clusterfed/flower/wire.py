@@ -168,16 +168,20 @@ def decode_result(content: RecordDict) -> ClientResult:
         **arrays, "kind": TaskKind(fields["kind"]), "meta": dict(content.config_records[META])})
 
 
-def expected_shapes(task: ClientTask) -> dict[str, tuple[int, ...]]:
+def expected_shapes(task: ClientTask, num_samples: int = 0) -> dict[str, tuple[int, ...]]:
     """The shapes a correct result of `task` has, for the kinds whose shapes are known.
 
     An update or gradient has the model's size; per-model losses and accuracies one entry per
-    model row of `params`. Kinds not listed here are checked for finiteness only.
+    model row of `params` (per-sample losses: one row per model, one column per training
+    sample the result counts). Kinds not listed here are checked for finiteness only.
     """
     models = task.params.shape[0] if task.params.ndim == 2 else 1
     size = (task.params.shape[-1],)
     if task.kind in (TaskKind.TRAIN, TaskKind.GRADIENT):
         return {"update": size}
+    if task.kind is TaskKind.LOSSES and task.loss is not None and task.loss.per_sample:
+        return {"losses": (models, num_samples),
+                **({"labels": (num_samples,)} if task.loss.labels else {})}
     if task.kind is TaskKind.LOSSES:
         return {"losses": (models,)}
     if task.kind is TaskKind.EVALUATE:
@@ -192,7 +196,7 @@ def check_result(task: ClientTask, result: ClientResult) -> str | None:
     if result.client != task.client or result.kind is not task.kind:
         return (f"answers client {result.client} {result.kind.value}, "
                 f"not client {task.client} {task.kind.value}")
-    for name, shape in expected_shapes(task).items():
+    for name, shape in expected_shapes(task, result.num_samples).items():
         value = getattr(result, name)
         if value is None or tuple(np.shape(value)) != shape:
             got = None if value is None else tuple(np.shape(value))

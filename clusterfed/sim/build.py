@@ -107,6 +107,17 @@ def privacy_transform(config: Mapping[str, Any], size: int, secret: bytes | None
     return ParameterTransform.from_seed(run["privacy"], seed, size)
 
 
+def refuse_drift(config: Mapping[str, Any], where: str,
+                 federation: Federation | None = None) -> None:
+    """scenario.drift switches the clients' data at a round, which only the simulator's own
+    executors do (rebuilt on the new data); refuse it where the data stay put."""
+    if config.get("scenario", {}).get("drift") is not None or (
+            federation is not None and federation.drift is not None):
+        raise ConfigError(f"scenario.drift is not supported {where}: the clients' data switch "
+                          f"at a round only in the simulator with its own executor "
+                          f"(run.executor); drop scenario.drift or run `clusterfed run`")
+
+
 @dataclass
 class Built:
     """The parts of one run, built from its config."""
@@ -119,6 +130,8 @@ class Built:
     executor: Executor
     owns_executor: bool
     setup: Setup
+    # An executor like this one on another federation (a drift's); None for a given executor.
+    executor_for: Callable[[Federation], Executor] | None = None
 
 
 def build_run(config: Mapping[str, Any], *, federation: Federation | None = None,
@@ -151,12 +164,18 @@ def build_run(config: Mapping[str, Any], *, federation: Federation | None = None
     # An executor built here is closed here, when a run ends (worker processes stop);
     # a given one is its owner's to close.
     owns_executor = executor is None
-    executor = executor or build_executor(config["run"], model, federation, seed, transform,
-                                          config["eval"]["validation_fraction"],
-                                          config["train"])
+    if not owns_executor:
+        refuse_drift(config, "with a given executor (Flower)", federation)
+
+    def executor_for(data: Federation) -> Executor:
+        return build_executor(config["run"], model, data, seed, transform,
+                              config["eval"]["validation_fraction"], config["train"])
+
+    executor = executor or executor_for(federation)
     # The layout is hidden under the privacy transform: coordinates are permuted there.
     layout = None if config["run"]["privacy"] != "none" else tuple(
         (n, tuple(s)) for n, s in zip(model.names, model.shapes, strict=True))
     setup = Setup(federation.num_clients, first, executor.train_sizes(), seed, layout,
                   draw_initial=draw)
-    return Built(config, federation, model, algorithm, spec, executor, owns_executor, setup)
+    return Built(config, federation, model, algorithm, spec, executor, owns_executor, setup,
+                 executor_for if owns_executor else None)

@@ -62,6 +62,14 @@ class Simulation:
         self.config, self.federation, self.model = built.config, built.federation, built.model
         self.algorithm, self.spec, self.setup = built.algorithm, built.spec, built.setup
         self.executor, self.owns_executor = built.executor, built.owns_executor
+        # With scenario.drift the federation changes at a round: `self.federation` is the
+        # current round's (its data in the executor, its truth scoring the clustering).
+        self.scenario_federation, self.executor_for = built.federation, built.executor_for
+        drift = built.federation.drift
+        if drift is not None and drift.round > self.config["train"]["rounds"]:
+            raise ConfigError(f"scenario.drift.round={drift.round} is after the last round "
+                              f"(train.rounds={self.config['train']['rounds']}): the clients "
+                              f"would never drift")
         self.folder = RunFolder(Path(out_dir)) if out_dir is not None else None
         self.callbacks = list(callbacks)
         # Protocol 'local' evaluates each client's own last trained model, kept here.
@@ -73,6 +81,18 @@ class Simulation:
         self.next_id = 0   # the next task id of the round
 
     # One round -----------------------------------------------------------------------------
+
+    def _hold_round(self, round_number: int) -> bool:
+        """Hold the federation of `round_number` (1-based; 0: before the first) with an
+        executor on its data; True when that switched the data (scenario.drift)."""
+        federation = self.scenario_federation.at_round(round_number)
+        if federation is self.federation:
+            return False
+        assert self.executor_for is not None, "build_run refuses drift with a given executor"
+        self.close()   # a processes executor's workers map the old data: start new ones
+        self.executor = self.executor_for(federation)
+        self.federation = federation
+        return True
 
     def _execute(self, tasks: Sequence[ClientTask], r: int, step: int,
                  events: list[dict[str, Any]]) -> list[ClientResult]:
@@ -186,6 +206,7 @@ class Simulation:
             log.info("resuming from round %d", start)
         elif self.folder is not None:
             self.folder.start(self.config)
+        self._hold_round(start)
         threads_before = torch.get_num_threads()
         if self.config["run"]["threads"]:
             torch.set_num_threads(int(self.config["run"]["threads"]))
@@ -198,7 +219,12 @@ class Simulation:
                    disable=not self.config["run"]["progress"], leave=False, unit="round")
         try:
             for r in range(start, rounds):
+                drifted = self._hold_round(r + 1)
                 state, record, events = self._round(state, r)
+                if drifted:
+                    moved = self.federation.info["drift"]
+                    events.insert(0, {"round": r + 1, "type": "drift",
+                                      **{k: moved[k] for k in ("clients", "from", "to")}})
                 view = self.algorithm.clusters(state)
                 if last_assignment is None or not np.array_equal(view.assignment, last_assignment):
                     events.append({"round": r + 1, "type": "assignment",
@@ -208,6 +234,9 @@ class Simulation:
                     record.update(self._evaluate(state, view, r))
                     bar.set_postfix(acc=f"{record['mean_accuracy']:.3f}",
                                     clusters=record["n_clusters"])
+                if self.scenario_federation.drift is not None and "ari" not in record:
+                    # Under drift every round's clustering is scored against its own truth.
+                    record.update(truth_scores(self.federation.true_clusters, view.assignment))
                 bar.update(1)
                 events += self._executor_events()
                 stop = any(cb(r + 1, record) for cb in self.callbacks)

@@ -109,6 +109,8 @@ def task_obstacle(task: ClientTask) -> str | None:
             return f"meta entry {key!r} of type {type(value).__name__}"
     if task.kind not in (TaskKind.TRAIN, TaskKind.EVALUATE, TaskKind.LOSSES):
         return f"task kind {task.kind.value}"
+    if task.loss is not None and task.loss.per_sample:
+        return "per-sample losses"
     return None
 
 

@@ -52,6 +52,9 @@ Common options (every scenario, `COMMON_KEYS`):
   every test sample of every label the client holds (PACFL 4.3 `local_view`); `all` gives the
   client's whole test pool (the whole test set, CFL Eq. 53; the source dataset's test split
   for `mix`, MIX-4). Test data always get the client's own transform.
+- `drift: {round, clients, to}` (scenarios with k >= 2 true clusters): from that round on,
+  the drifting clients hold new data of another true cluster (FlexCFL's client migration;
+  the rules: `drift.py`).
 
 Overlays (every scenario; `overlays.py`): a second true grouping over the scenario's clients,
 kept in `Federation.groupings` beside the true clusters (which stay the truth) and scored in a

@@ -35,15 +35,17 @@ class Transform(Protocol):
 class ClientSpec:
     """One client as a scenario describes it: which samples, which transform, which cluster.
 
-    `test_transform`, if given, replaces `transform` for the test data (label noise that only
-    touches training labels, a corruption's own random draws for the test images).
+    `train_extra` / `test_extra`, if given, apply after `transform` to the train / test data:
+    the client's own additions (overlays: a corruption with its own draws for each split,
+    label noise on the training labels only), not its cluster's transform.
     """
 
     train_idx: np.ndarray
     test_idx: np.ndarray
     transform: Transform
     cluster: int
-    test_transform: Transform | None = None
+    train_extra: Transform | None = None
+    test_extra: Transform | None = None
 
 
 
@@ -64,6 +66,8 @@ class Assignment:
     """Clients, true clusters (contiguous blocks of clients) and how client shares are sized.
 
     `weights` are the quantity-skew sizes (None: equal shares); `test` is the test-data rule.
+    `membership`, where given, is every client's cluster instead of the blocks (the clients
+    placed after a drift, `drift.py`).
     """
 
     clients: int
@@ -74,8 +78,11 @@ class Assignment:
     cluster_sizes: tuple[int, ...] | None = None
     weights: np.ndarray | None = field(default=None, compare=False, repr=False)
     min_samples: int = 1
+    membership: tuple[int, ...] | None = None
 
     def cluster_of(self, client: int) -> int:
+        if self.membership is not None:
+            return self.membership[client]
         if self.cluster_sizes is None:
             return client * self.clusters // self.clients
         return int(np.searchsorted(np.cumsum(self.cluster_sizes), client, side="right"))
@@ -370,7 +377,7 @@ def warn_single_cluster(assign: Assignment, kind: str, hint: str = "") -> None:
 
 
 def one_cluster(assign: Assignment) -> Assignment:
-    return replace(assign, clusters=1, cluster_sizes=None)
+    return replace(assign, clusters=1, cluster_sizes=None, membership=None)
 
 
 def labels_info(spec: Mapping[str, Any]) -> dict[str, Any]:

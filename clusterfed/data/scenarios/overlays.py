@@ -9,14 +9,17 @@
   `label_noise`: 1 noisy, 0 clean.
 
 The clusters stay the truth methods are scored against; `Federation.groupings` keeps these
-beside them. Each overlay draws from its own stream of the run seed (and per client), so
-adding one leaves every other draw of the scenario unchanged.
+beside them. An overlay is a client's extra (`ClientSpec.train_extra` / `test_extra`), applied
+after its cluster's transform, and decided once from the scenario's first plan: under
+`scenario.drift` a drifting client keeps its corruption and noise. Each overlay draws from its
+own stream of the run seed (and per client), so adding one leaves every other draw of the
+scenario unchanged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -26,6 +29,7 @@ from clusterfed.data.datasets import Dataset
 from clusterfed.data.scenarios.assignment import (
     ClientSpec,
     ScenarioPlan,
+    Transform,
     need_class_labels,
     need_images,
 )
@@ -76,28 +80,54 @@ def corruptions_of(kinds: Any, severity: Any, table: Any, what: str) -> Corrupti
     return Corruptions(tuple(str(k) for k in kinds), severities, str(table))
 
 
-def corrupt_clients(specs: Sequence[ClientSpec], groups: Sequence[int], corruptions: Corruptions,
-                    seed: Sequence[int]) -> list[ClientSpec]:
-    """Client i's images (train and test) after its own transform get the corruption of group
-    groups[i]; draws seeded by (seed, i, split)."""
-    out = []
-    for i, (spec, g) in enumerate(zip(specs, groups, strict=True)):
+Extras = tuple[list[Transform | None], list[Transform | None]]   # per client: train, test
+
+
+def corruption_extras(groups: Sequence[int], corruptions: Corruptions, seed: Sequence[int]
+                      ) -> Extras:
+    """Client i's corruption of group groups[i], for its train and test images; draws seeded
+    by (seed, i, split)."""
+    train: list[Transform | None] = []
+    test: list[Transform | None] = []
+    for i, g in enumerate(groups):
         kind, severity = corruptions.kinds[g], corruptions.severities[g]
-        if kind == CLEAN:
-            out.append(spec)
-            continue
-        test = spec.transform if spec.test_transform is None else spec.test_transform
-        out.append(replace(
-            spec,
-            transform=Chain((spec.transform, Corrupt(kind, severity, (*seed, i, 0),
-                                                     corruptions.table))),
-            test_transform=Chain((test, Corrupt(kind, severity, (*seed, i, 1),
-                                                corruptions.table)))))
-    return out
+        clean = kind == CLEAN
+        train.append(None if clean else Corrupt(kind, severity, (*seed, i, 0), corruptions.table))
+        test.append(None if clean else Corrupt(kind, severity, (*seed, i, 1), corruptions.table))
+    return train, test
 
 
-def _corruption_overlay(dataset: Dataset, plan: ScenarioPlan, raw: Any, seed: int
-                        ) -> ScenarioPlan:
+def with_extras(specs: Sequence[ClientSpec], extras: Extras) -> list[ClientSpec]:
+    """The clients with `extras` applied after what they already have."""
+    return [replace(spec, train_extra=_then(spec.train_extra, train),
+                    test_extra=_then(spec.test_extra, test))
+            for spec, train, test in zip(specs, *extras, strict=True)]
+
+
+def _then(first: Transform | None, second: Transform | None) -> Transform | None:
+    if first is None or second is None:
+        return second if first is None else first
+    return Chain((first, second))
+
+
+@dataclass(frozen=True)
+class Overlays:
+    """Per-client extras, their facts and groupings, decided once (from the scenario's first
+    plan) and laid over any plan of it: a drifting client keeps its corruption and noise."""
+
+    extras: Extras | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    groupings: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def apply(self, plan: ScenarioPlan) -> ScenarioPlan:
+        if self.extras is None:
+            return plan
+        return replace(plan, clients=with_extras(plan.clients, self.extras),
+                       info={**plan.info, **self.info},
+                       groupings={**plan.groupings, **self.groupings})
+
+
+def _corruption_overlay(dataset: Dataset, plan: ScenarioPlan, raw: Any, seed: int) -> Overlays:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"scenario.corruption must be a mapping such as {{kinds: [none, "
                           f"gaussian_noise], severity: 3}}, got {raw!r}")
@@ -112,10 +142,9 @@ def _corruption_overlay(dataset: Dataset, plan: ScenarioPlan, raw: Any, seed: in
     corruptions = corruptions_of(raw.get("kinds"), raw.get("severity", 3),
                                  raw.get("table", "cifar10_c"), "scenario.corruption")
     groups = [i % len(corruptions.kinds) for i in range(len(plan.clients))]
-    specs = corrupt_clients(plan.clients, groups, corruptions, (seed, CORRUPTION_STREAM))
-    info = {**plan.info, "corruption": {**corruptions.facts(), "groups": groups}}
-    return replace(plan, clients=specs, info=info,
-                   groupings={**plan.groupings, "corruption": np.asarray(groups)})
+    return Overlays(corruption_extras(groups, corruptions, (seed, CORRUPTION_STREAM)),
+                    {"corruption": {**corruptions.facts(), "groups": groups}},
+                    {"corruption": np.asarray(groups, dtype=np.int64)})
 
 
 def _fraction(value: Any, key: str) -> float:
@@ -126,7 +155,7 @@ def _fraction(value: Any, key: str) -> float:
 
 
 def _label_noise_overlay(dataset: Dataset, plan: ScenarioPlan, raw: Any, n_classes: int,
-                         seed: int) -> ScenarioPlan:
+                         seed: int) -> Overlays:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"scenario.label_noise must be a mapping such as {{rate: 0.2, "
                           f"share: 0.5}}, got {raw!r}")
@@ -156,30 +185,32 @@ def _label_noise_overlay(dataset: Dataset, plan: ScenarioPlan, raw: Any, n_class
     for j in sorted({int(j) for j in chosen_clusters}):
         members = np.flatnonzero(true == j)
         noisy[rng.choice(members, int(round(share * len(members))), replace=False)] = 1
-    specs, flipped = [], []
-    for i, spec in enumerate(plan.clients):
-        if not noisy[i]:
-            specs.append(spec)
-            flipped.append(0)
-            continue
-        noise = NoisyLabels(rate, str(flip), n_classes, (seed, LABEL_NOISE_STREAM, i))
-        test = spec.transform if spec.test_transform is None else spec.test_transform
-        specs.append(replace(spec, transform=Chain((spec.transform, noise)), test_transform=test))
-        flipped.append(int(round(rate * len(spec.train_idx))))
-    info = {**plan.info, "label_noise": {
-        "rate": rate, "share": share, "flip": flip,
-        "clusters": sorted({int(j) for j in chosen_clusters}),
-        "noisy_clients": np.flatnonzero(noisy).tolist(), "flipped": flipped}}
-    return replace(plan, clients=specs, info=info,
-                   groupings={**plan.groupings, "label_noise": noisy})
+    train: list[Transform | None] = [
+        NoisyLabels(rate, str(flip), n_classes, (seed, LABEL_NOISE_STREAM, i)) if noisy[i]
+        else None for i in range(len(true))]
+    info = {"label_noise": {"rate": rate, "share": share, "flip": flip,
+                            "clusters": sorted({int(j) for j in chosen_clusters}),
+                            "noisy_clients": np.flatnonzero(noisy).tolist()}}
+    return Overlays((train, [None] * len(true)), info, {"label_noise": noisy})
 
 
-def apply_overlays(dataset: Dataset, plan: ScenarioPlan, *, corruption: Any, label_noise: Any,
-                   seed: int) -> ScenarioPlan:
-    """The plan with the corruption, then the label noise, laid over it (None: not asked)."""
+def make_overlays(dataset: Dataset, plan: ScenarioPlan, *, corruption: Any, label_noise: Any,
+                  seed: int) -> Overlays:
+    """The corruption, then the label noise, decided for the clients of `plan` (None: not
+    asked)."""
+    parts = []
     if corruption is not None:
-        plan = _corruption_overlay(dataset, plan, corruption, seed)
+        parts.append(_corruption_overlay(dataset, plan, corruption, seed))
     if label_noise is not None:
         n_classes = plan.n_classes if plan.n_classes is not None else dataset.n_classes
-        plan = _label_noise_overlay(dataset, plan, label_noise, n_classes, seed)
-    return plan
+        parts.append(_label_noise_overlay(dataset, plan, label_noise, n_classes, seed))
+    if not parts:
+        return Overlays()
+    n = len(plan.clients)
+    train, test = [None] * n, [None] * n
+    for part in parts:
+        assert part.extras is not None
+        train = [_then(a, b) for a, b in zip(train, part.extras[0], strict=True)]
+        test = [_then(a, b) for a, b in zip(test, part.extras[1], strict=True)]
+    return Overlays((train, test), {k: v for part in parts for k, v in part.info.items()},
+                    {k: v for part in parts for k, v in part.groupings.items()})

@@ -23,7 +23,11 @@ from clusterfed.data.scenarios.assignment import (
     whole_pool,
 )
 from clusterfed.data.scenarios.building import SCENARIOS
-from clusterfed.data.scenarios.overlays import corrupt_clients, corruptions_of
+from clusterfed.data.scenarios.overlays import (
+    corruption_extras,
+    corruptions_of,
+    with_extras,
+)
 from clusterfed.data.transforms import (
     Identity,
     Invert,
@@ -178,11 +182,15 @@ def corrupted(dataset: Dataset, *, assign: Assignment, rng: np.random.Generator,
     if len(corruptions.kinds) != k:
         raise ConfigError(f"scenario.kinds has {len(corruptions.kinds)} corruptions for {k} "
                           f"clusters")
+    # A child stream: the draws that share out the data stay those of the other transform
+    # scenarios, and a plan again (drift) gets the same corruption draws.
+    seed = (int(rng.spawn(1)[0].integers(2 ** 63)),)
     partition, spec = label_partition(labels)
     train, test, info = fill(dataset, assign, rng, [whole_pool(dataset, range(assign.clients))],
                              partition)
     plan = plan_clients(assign, train, test, lambda _: Identity(),
                         {**info, "corruption": corruptions.facts(), **labels_info(spec)})
+    # The corruption is each client's extra (as the overlay's), seeded per client and split.
     clusters = [c.cluster for c in plan.clients]
-    seed = (int(rng.integers(2 ** 63)),)
-    return replace(plan, clients=corrupt_clients(plan.clients, clusters, corruptions, seed))
+    extras = corruption_extras(clusters, corruptions, seed)
+    return replace(plan, clients=with_extras(plan.clients, extras))
