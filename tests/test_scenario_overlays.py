@@ -217,3 +217,33 @@ def test_result_line_and_report_name_the_second_grouping():
     assert "ARI 1.000, ARI vs corruption 0.250, 1.0 s" in result_line(summary)
     assert _clustering_line(clustering).endswith(
         "against the true clusters; ARI 0.250, NMI 0.500 against the corruption grouping")
+
+
+def test_under_drift_a_client_keeps_its_corruption_and_noise(digits):
+    base = {"kind": "label_swap", "clients": 8, "clusters": 2, "pairs": [[0, 1], [2, 3]],
+            "drift": {"round": 3, "clients": [1, 2]}}
+    overlays = {"corruption": {"kinds": ["none", "contrast"], "severity": 5},
+                "label_noise": {"rate": 0.5, "share": 0.5}}
+    fed = build_federation(digits, {**base, **overlays}, 0)
+    plain = build_federation(digits, base, 0)
+    after, plain_after = fed.at_round(3), plain.at_round(3)
+    assert after.true_clusters.tolist() == [0, 1, 1, 0, 1, 1, 1, 1]
+    assert after.groupings["corruption"].tolist() == fed.groupings["corruption"].tolist()
+    assert after.groupings["label_noise"].tolist() == fed.groupings["label_noise"].tolist()
+    for i in (1, 2):                                    # the drifting clients
+        f, p = after.clients[i], plain_after.clients[i]
+        np.testing.assert_array_equal(f.test_y, p.test_y)       # the new cluster's swap
+        grey = np.rint(p.test_x * 255).astype(np.float64) / 255.0
+        corrupted = np.floor(cx.contrast(grey, 0.15, None) * 255) / 255
+        np.testing.assert_allclose(f.test_x, corrupted if i % 2 else grey, atol=1e-6)
+        flipped = (f.train_y != p.train_y).mean()
+        assert flipped == pytest.approx(0.5 * fed.groupings["label_noise"][i],
+                                        abs=1 / len(p.train_y))
+
+
+def test_corrupted_clusters_drift_to_the_new_clusters_corruption(digits):
+    fed = build_federation(digits, {"kind": "corrupted", "clients": 4, "clusters": 2,
+                                    "kinds": ["none", "contrast"], "severity": 5,
+                                    "drift": {"round": 2, "clients": [0]}}, 0)
+    before, after = fed.clients[0].test_x, fed.at_round(2).clients[0].test_x
+    assert after.std() < 0.5 * before.std()             # contrast 0.15 of the clean images
