@@ -58,7 +58,9 @@ Common options (every scenario, `COMMON_KEYS`):
 
 Overlays (every scenario; `overlays.py`): a second true grouping over the scenario's clients,
 kept in `Federation.groupings` beside the true clusters (which stay the truth) and scored in a
-run's summary (`clustering.groupings`). Each draws from its own stream of the run seed.
+run's summary (`clustering.groupings`). Each is a client's extra applied after its cluster's
+transform (`ClientSpec.train_extra` / `test_extra`), decided once from the first plan (under
+`drift` a client keeps its corruption and noise), and draws from its own stream of the seed.
 
 - `corruption: {kinds: [none, gaussian_noise], severity: 3, table: cifar10_c}`: client i's
   images (train and test, after the scenario's own transform) carry kinds[i mod G]; grouping
@@ -70,8 +72,8 @@ run's summary (`clustering.groupings`). Each draws from its own stream of the ru
   one (`pair`, l + 1 mod K); test labels stay clean; grouping `label_noise` (1 noisy).
 
 Composition: the transform scenarios (`label_swap`, `label_permutation`, `rotation`,
-`invert`, `corrupted`) and the grouped ones (`mix`, `topics`) take `labels: {kind: K, ...}`, a label
-partition applied inside each pool of samples (the whole data, a rotation's copy, a source
+`invert`, `corrupted`) and the grouped ones (`mix`, `topics`) take `labels: {kind: K, ...}`, a
+label partition applied inside each pool of samples (the whole data, a rotation's copy, a source
 dataset) among that pool's clients: `iid` (default), `label_skew`, `dirichlet` or `shards`
 with the same options as the scenarios of those names, over the labels present in the pool,
 e.g. Dirichlet inside rotation clusters (CFL's reference code):
