@@ -28,10 +28,15 @@ def _resolve(source: str, overrides: Sequence[str], data_dir: str | None) -> tup
 
 def result_line(summary: dict[str, Any]) -> str:
     """The one line a finished run prints: accuracy, clusters, ARI (n/a without a truth)."""
+    from clusterfed.clustering.metrics import score_text
+
     c = summary["clustering"]
     ari = "n/a (no truth)" if c.get("ari") is None else f"{c['ari']:.3f}"
+    # Further true groupings (a corruption, noisy labels): their ARI after the clusters'.
+    also = "".join(f", ARI vs {name} {score_text(g['ari'])}"
+                   for name, g in c.get("groupings", {}).items())
     return (f"{summary['algorithm']}: mean accuracy {summary['final']['mean_accuracy']:.4f}, "
-            f"{c['n_clusters']} clusters, ARI {ari}, {summary['wall_seconds']:.1f} s")
+            f"{c['n_clusters']} clusters, ARI {ari}{also}, {summary['wall_seconds']:.1f} s")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

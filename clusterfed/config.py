@@ -69,7 +69,8 @@ EVAL_PROTOCOLS = ("cluster", "local", "best_of_path", "sampled_local", "min_test
 # Keys that keep their meaning when the section's kind changes.
 KIND_INDEPENDENT = {
     "scenario": {"clients", "clusters", "samples_per_client", "test_samples_per_client", "test",
-                 "quantity_skew", "clients_per_cluster", "drift"},
+                 "quantity_skew", "clients_per_cluster", "drift", "corruption",
+                 "label_noise"},
     "data": {"root", "download"},
 }
 

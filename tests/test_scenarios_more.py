@@ -800,6 +800,7 @@ EVERY = {
     "topics": {"kind": "topics", "clients": 8, "clusters": 4},
     "writers": {"kind": "writers", "clients": 6},
     "cyclic_classes": {"kind": "cyclic_classes", "clients": 10, "clusters": 5},
+    "corrupted": {"kind": "corrupted", "clients": 6, "clusters": 3},
 }
 
 
@@ -836,6 +837,24 @@ def test_every_scenario_with_quantity_skew(kind: str, sources: Dataset, ds: Data
     sizes = fed.train_sizes()
     assert sizes.min() >= 3 and sizes.max() > 1.5 * sizes.min()
     assert sizes.sum() <= len(data.train_y) * (2 if kind == "rotation" else 1)
+
+
+@pytest.mark.parametrize("kind", sorted(set(EVERY) - {"corrupted"}))
+def test_every_scenario_takes_the_overlays(kind: str, sources: Dataset, ds: Dataset) -> None:
+    """A corruption and label noise over any scenario: the same true clusters, one second
+    grouping each, clean test labels, and facts that stay JSON."""
+    data = data_for(kind, sources, ds)
+    plain = build_federation(data, EVERY[kind], 3)
+    fed = build_federation(data, {**EVERY[kind], "corruption": {"kinds": ["none", "contrast"]},
+                                  "label_noise": {"rate": 0.5, "share": 1.0}}, 3)
+    n = fed.num_clients
+    np.testing.assert_array_equal(fed.true_clusters, plain.true_clusters)
+    assert fed.groupings["corruption"].tolist() == [i % 2 for i in range(n)]
+    assert fed.groupings["label_noise"].tolist() == [1] * n
+    assert json.loads(json.dumps(fed.info)) == fed.info
+    for f, c in zip(fed.clients, plain.clients, strict=True):
+        np.testing.assert_array_equal(f.test_y, c.test_y)
+        assert (f.train_y != c.train_y).mean() == pytest.approx(0.5, abs=1 / len(c.train_y))
 
 
 def test_materialised_digits_values_stay_in_range() -> None:

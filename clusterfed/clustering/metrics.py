@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 
 # A client's true cluster where none is known (a real federation, own data): every client -1.
@@ -42,6 +45,16 @@ def truth_scores(true: np.ndarray, found: np.ndarray) -> dict[str, float | None]
     if not has_truth(true):
         return {"ari": None, "nmi": None}
     return dict(clustering_scores(true, found))
+
+
+def grouping_scores(groupings: Mapping[str, np.ndarray], found: np.ndarray) -> dict[str, Any]:
+    """`{"groupings": {name: {ari, nmi}}}` against each further true grouping of a federation
+    (a corruption, noisy labels), or nothing where it has none, so other summaries keep
+    their keys."""
+    if not groupings:
+        return {}
+    return {"groupings": {name: truth_scores(np.asarray(g), found)
+                          for name, g in groupings.items()}}
 
 
 def score_text(value: float | None, digits: int = 3) -> str:

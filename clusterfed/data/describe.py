@@ -78,6 +78,7 @@ def describe(federation: Federation) -> dict[str, Any]:
         "train_label_histogram": train_hist.tolist(),
         "test_label_histogram": test_hist.tolist(),
         "info": federation.info,
+        "groupings": {name: [int(v) for v in g] for name, g in federation.groupings.items()},
     }
 
 
@@ -94,6 +95,9 @@ def format_description(description: Mapping[str, Any], max_clients: int = 20) ->
             f"input {tuple(d['input_shape'])}",
             "clients per true cluster: " + ", ".join(f"{k}: {v}" for k, v in clusters.items()),
         ]
+    for name, groups in d.get("groupings", {}).items():
+        lines.append(f"second grouping {name}, clients per group: " + ", ".join(
+            f"{k}: {v}" for k, v in clients_per_cluster(groups).items()))
     for split in ("train", "test"):
         s = d[f"{split}_samples"]
         lines.append(f"{split} samples per client: min {s['min']}, median {s['median']:g}, "

@@ -124,7 +124,8 @@ def truth_record(federation: Federation, source: str, overrides: Sequence[str],
             "n_classes": int(federation.n_classes),
             "input_shape": [int(s) for s in federation.input_shape],
             "source": source, "overrides": list(overrides), "scenario": _plain(scenario),
-            "info": _plain(federation.info)}
+            "info": _plain(federation.info),
+            "groupings": {name: [int(v) for v in g] for name, g in federation.groupings.items()}}
 
 
 def write_truth(root: str | Path, record: Mapping[str, Any]) -> Path:

@@ -24,11 +24,19 @@ class ClientData:
 
 @dataclass(frozen=True)
 class Federation:
+    """Clients and their true clusters (what clustered methods are scored against).
+
+    `groupings` are further true groupings of the clients by name, e.g. which corruption or
+    whether noisy labels: a run also scores its clustering against each (`clustering.groupings`
+    in its summary), but the clusters stay the truth.
+    """
+
     clients: list[ClientData]
     true_clusters: np.ndarray
     n_classes: int
     input_shape: tuple[int, ...]
     info: dict[str, Any] = field(default_factory=dict)
+    groupings: dict[str, np.ndarray] = field(default_factory=dict)
     # scenario.drift: from a round on, some clients hold other data (and another true cluster).
     drift: Drift | None = None
 

@@ -8,8 +8,11 @@ Label transforms map every entry of y, so they also work on (N, T) sequence targ
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from clusterfed.data.corruptions import corrupt
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,80 @@ class Invert:
         return (1.0 - x).astype(x.dtype)
 
     def apply_y(self, y: np.ndarray) -> np.ndarray:
+        return y
+
+
+@dataclass(frozen=True)
+class Corrupt:
+    """A CIFAR-10-C / MNIST-C corruption at a severity (`corruptions.py`), its random draws
+    from `seed`: the same images get the same corruption on every build."""
+
+    name: str
+    severity: int
+    seed: tuple[int, ...]
+    table: str = "cifar10_c"
+
+    def apply_x(self, x: np.ndarray) -> np.ndarray:
+        if not is_image(x):
+            return x
+        rng = np.random.default_rng(list(self.seed))
+        if x.dtype == np.uint8:
+            out = corrupt(x.astype(np.float64) / 255.0, self.name, self.severity, rng, self.table)
+            # Truncated to whole grey levels, as CIFAR-10-C's images were saved (np.uint8).
+            return (out * 255.0).astype(np.uint8)
+        return corrupt(x, self.name, self.severity, rng, self.table).astype(x.dtype)
+
+    def apply_y(self, y: np.ndarray) -> np.ndarray:
+        return y
+
+
+def flip_labels(y: np.ndarray, rate: float, flip: str, n_classes: int,
+                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Label noise: round(rate n) of the n labels, chosen uniformly, are flipped.
+
+    `symmetric`: to a uniformly random other label (l + U{1..K-1} mod K); `pair`: to the next
+    label, l + 1 mod K (Han et al. 2018, co-teaching). Returns the labels and the flipped
+    positions.
+    """
+    out = np.array(y, dtype=np.int64, copy=True)
+    chosen = np.sort(rng.choice(len(out), int(round(rate * len(out))), replace=False))
+    step = (rng.integers(1, n_classes, len(chosen)) if flip == "symmetric"
+            else np.ones(len(chosen), dtype=np.int64))
+    out[chosen] = (out[chosen] + step) % n_classes
+    return out, chosen
+
+
+@dataclass(frozen=True)
+class NoisyLabels:
+    """`flip_labels` with its draws from `seed`; a scenario gives it to training data only."""
+
+    rate: float
+    flip: str
+    n_classes: int
+    seed: tuple[int, ...]
+
+    def apply_x(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    def apply_y(self, y: np.ndarray) -> np.ndarray:
+        rng = np.random.default_rng(list(self.seed))
+        return flip_labels(y, self.rate, self.flip, self.n_classes, rng)[0]
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Transforms applied in order (a scenario's own, then a corruption or label noise)."""
+
+    steps: tuple[Any, ...]   # each with apply_x and apply_y (scenarios' `Transform`)
+
+    def apply_x(self, x: np.ndarray) -> np.ndarray:
+        for step in self.steps:
+            x = step.apply_x(x)
+        return x
+
+    def apply_y(self, y: np.ndarray) -> np.ndarray:
+        for step in self.steps:
+            y = step.apply_y(y)
         return y
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from clusterfed.algorithms import ALGORITHMS
+from clusterfed.clustering.metrics import score_text
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import format_table, table_rows
 from clusterfed.report import plots
@@ -52,7 +53,10 @@ def _clustering_line(clustering: Mapping[str, Any]) -> str:
     scores = f"ARI {clustering['ari']:.3f}, NMI {clustering['nmi']:.3f}"
     if "truth_file" in clustering:
         return f"{head}; {scores} against the true clusters in {clustering['truth_file']}"
-    return f"{head}; {scores} against the true clusters"
+    # A scenario's second groupings (a corruption, noisy labels), scored by the run too.
+    also = "".join(f"; ARI {score_text(g['ari'])}, NMI {score_text(g['nmi'])} against the "
+                   f"{name} grouping" for name, g in clustering.get("groupings", {}).items())
+    return f"{head}; {scores} against the true clusters{also}"
 
 
 def _run_report(folder: Path, truth: np.ndarray | None = None, source: str = "") -> Path:

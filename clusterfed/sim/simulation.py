@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from clusterfed.algorithms import ClusterView, RoundContext
 from clusterfed.algorithms.cfl.maths import separation_gap
-from clusterfed.clustering.metrics import has_truth, truth_scores
+from clusterfed.clustering.metrics import grouping_scores, has_truth, truth_scores
 from clusterfed.data import Federation
 from clusterfed.errors import ConfigError
 from clusterfed.run_folder import RunFolder, read_config
@@ -313,7 +313,8 @@ class Simulation:
             "clustering": {"assignment": view.assignment.tolist(),
                            "true_assignment": true.tolist() if has_truth(true) else None,
                            "n_clusters": view.num_clusters,
-                           **truth_scores(true, view.assignment)},
+                           **truth_scores(true, view.assignment),
+                           **grouping_scores(self.federation.groupings, view.assignment)},
         }
 
 

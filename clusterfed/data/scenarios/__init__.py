@@ -30,6 +30,10 @@ sizes; default as even as possible). The label mathematics live in `partition.py
 |                   | samples (FEMNIST writers, Shakespeare roles; FL+HC A6)                    |
 | cyclic_classes    | client in cluster j holds `classes_per_client` (3) consecutive classes of |
 |                   | the cycle from position j L / k (FedProx FEMNIST, LCFL 4.2a)              |
+| corrupted         | cluster j's train and test images carry corruption `kinds[j]` at its      |
+|                   | `severity` 1..5 (default 3; `none` is clean) with the parameters of       |
+|                   | `table` cifar10_c (Hendrycks & Dietterich) or mnist_c (Mu & Gilmer),      |
+|                   | generated from the clean data (`data/corruptions.py`), seeded per client  |
 
 Common options (every scenario, `COMMON_KEYS`):
 
@@ -52,9 +56,24 @@ Common options (every scenario, `COMMON_KEYS`):
   the drifting clients hold new data of another true cluster (FlexCFL's client migration;
   the rules: `drift.py`).
 
+Overlays (every scenario; `overlays.py`): a second true grouping over the scenario's clients,
+kept in `Federation.groupings` beside the true clusters (which stay the truth) and scored in a
+run's summary (`clustering.groupings`). Each is a client's extra applied after its cluster's
+transform (`ClientSpec.train_extra` / `test_extra`), decided once from the first plan (under
+`drift` a client keeps its corruption and noise), and draws from its own stream of the seed.
+
+- `corruption: {kinds: [none, gaussian_noise], severity: 3, table: cifar10_c}`: client i's
+  images (train and test, after the scenario's own transform) carry kinds[i mod G]; grouping
+  `corruption` = i mod G, crossed with the contiguous clusters (e.g. label-swap concepts,
+  each with clean and noisy clients: concept and feature shift at once).
+- `label_noise: {rate: R, share: 0.5, flip: symmetric, clusters: all}`: in each listed true
+  cluster a seeded round(share x size) of its clients have exactly round(R n) of their n
+  training labels flipped, to a uniformly random other label (`symmetric`) or to the next
+  one (`pair`, l + 1 mod K); test labels stay clean; grouping `label_noise` (1 noisy).
+
 Composition: the transform scenarios (`label_swap`, `label_permutation`, `rotation`,
-`invert`) and the grouped ones (`mix`, `topics`) take `labels: {kind: K, ...}`, a label
-partition applied inside each pool of samples (the whole data, a rotation's copy, a source
+`invert`, `corrupted`) and the grouped ones (`mix`, `topics`) take `labels: {kind: K, ...}`, a
+label partition applied inside each pool of samples (the whole data, a rotation's copy, a source
 dataset) among that pool's clients: `iid` (default), `label_skew`, `dirichlet` or `shards`
 with the same options as the scenarios of those names, over the labels present in the pool,
 e.g. Dirichlet inside rotation clusters (CFL's reference code):

@@ -33,22 +33,31 @@ class Transform(Protocol):
 
 @dataclass(frozen=True)
 class ClientSpec:
-    """One client as a scenario describes it: which samples, which transform, which cluster."""
+    """One client as a scenario describes it: which samples, which transform, which cluster.
+
+    `train_extra` / `test_extra`, if given, apply after `transform` to the train / test data:
+    the client's own additions (overlays: a corruption with its own draws for each split,
+    label noise on the training labels only), not its cluster's transform.
+    """
 
     train_idx: np.ndarray
     test_idx: np.ndarray
     transform: Transform
     cluster: int
+    train_extra: Transform | None = None
+    test_extra: Transform | None = None
 
 
 
 @dataclass(frozen=True)
 class ScenarioPlan:
-    """Per-client specs, JSON-serialisable facts, and the label count if the scenario relabels."""
+    """Per-client specs, JSON-serialisable facts, the label count if the scenario relabels, and
+    named true groupings beside the clusters (one entry per client; `Federation.groupings`)."""
 
     clients: list[ClientSpec]
     info: dict[str, Any] = field(default_factory=dict)
     n_classes: int | None = None
+    groupings: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 

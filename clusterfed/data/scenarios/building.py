@@ -14,13 +14,16 @@ from clusterfed.data.datasets import Dataset
 from clusterfed.data.federation import ClientData, Federation
 from clusterfed.data.scenarios.assignment import Assignment, ClientSpec, ScenarioPlan
 from clusterfed.data.scenarios.drift import drift_spec, drifted
+from clusterfed.data.scenarios.overlays import make_overlays
+from clusterfed.data.transforms import Chain
 from clusterfed.errors import ConfigError
 from clusterfed.registry import Registry, accepted_keys, check_keys
 
 ScenarioFn = Callable[..., ScenarioPlan]
 SCENARIOS: Registry[ScenarioFn] = Registry("scenario")
 COMMON_KEYS = {"kind", "clients", "clusters", "samples_per_client", "test_samples_per_client",
-               "test", "quantity_skew", "clients_per_cluster", "drift"}
+               "test", "quantity_skew", "clients_per_cluster", "drift", "corruption",
+               "label_noise"}
 TEST_MODES = ("split", "by_labels", "all")
 
 
@@ -62,11 +65,21 @@ def build_federation(dataset: Dataset, scenario: dict[str, Any], seed: int) -> F
         test=test, cluster_sizes=sizes, weights=weights,
         min_samples=skew["min_samples"] if skew else 1,
     )
-    def planned(assign: Assignment) -> ScenarioPlan:
+    corruption, label_noise = scenario.pop("corruption", None), scenario.pop("label_noise", None)
+
+    def scenario_plan(assign: Assignment) -> ScenarioPlan:
         # The same stream each time: a plan again draws its clusters' parameters alike (drift).
         return fn(dataset, assign=assign, rng=np.random.default_rng([seed, 0x5CE7]), **scenario)
 
-    plan = planned(assign)
+    first = scenario_plan(assign)
+    # Decided once from the first plan: a drifting client keeps its corruption and noise.
+    overlays = make_overlays(dataset, first, corruption=corruption, label_noise=label_noise,
+                             seed=seed)
+
+    def planned(assign: Assignment) -> ScenarioPlan:
+        return overlays.apply(scenario_plan(assign))
+
+    plan = overlays.apply(first)
     info = {**plan.info, "test": test}
     if skew is not None:
         info["quantity_skew"] = skew
@@ -81,13 +94,17 @@ def build_federation(dataset: Dataset, scenario: dict[str, Any], seed: int) -> F
 
 
 def client_data(dataset: Dataset, spec: ClientSpec) -> ClientData:
-    """One client's arrays: its samples under its transform."""
-    t = spec.transform
+    """One client's arrays: its samples under its transform, then its extras (overlays)."""
+    train, test = spec.transform, spec.transform
+    if spec.train_extra is not None:
+        train = Chain((train, spec.train_extra))
+    if spec.test_extra is not None:
+        test = Chain((test, spec.test_extra))
     return ClientData(
-        train_x=_to_float(t.apply_x(dataset.train_x[spec.train_idx])),
-        train_y=t.apply_y(dataset.train_y[spec.train_idx]).astype(np.int64),
-        test_x=_to_float(t.apply_x(dataset.test_x[spec.test_idx])),
-        test_y=t.apply_y(dataset.test_y[spec.test_idx]).astype(np.int64),
+        train_x=_to_float(train.apply_x(dataset.train_x[spec.train_idx])),
+        train_y=train.apply_y(dataset.train_y[spec.train_idx]).astype(np.int64),
+        test_x=_to_float(test.apply_x(dataset.test_x[spec.test_idx])),
+        test_y=test.apply_y(dataset.test_y[spec.test_idx]).astype(np.int64),
     )
 
 
@@ -95,7 +112,9 @@ def materialise(dataset: Dataset, plan: ScenarioPlan) -> Federation:
     out = [client_data(dataset, spec) for spec in plan.clients]
     true = np.array([s.cluster for s in plan.clients], dtype=np.int64)
     n_classes = plan.n_classes if plan.n_classes is not None else dataset.n_classes
-    return Federation(out, true, n_classes, dataset.input_shape, plan.info)
+    groupings = {name: np.asarray(g, dtype=np.int64) for name, g in plan.groupings.items()}
+    return Federation(out, true, n_classes, dataset.input_shape, plan.info,
+                      groupings=groupings)
 
 
 def _to_float(x: np.ndarray) -> np.ndarray:

@@ -158,6 +158,8 @@ def drifted(before: Federation, plan: ScenarioPlan, spec: DriftSpec, assign: Ass
     for i in spec.clients:
         clients[i] = client_data(again.clients[i])
     info = {**before.info, "drift": spec.info()}
-    after = Federation(clients, truth, before.n_classes, before.input_shape, info)
+    # Second groupings (a corruption, noisy labels) belong to the clients: they stay.
+    after = Federation(clients, truth, before.n_classes, before.input_shape, info,
+                       groupings=before.groupings)
     return replace(before, info=info, drift=Drift(spec.round, spec.clients, after))
 

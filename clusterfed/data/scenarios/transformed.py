@@ -1,11 +1,12 @@
 """Scenarios by a transform per true cluster: label_swap, label_permutation (the same
-inputs labelled otherwise), rotation, invert (other inputs for the same labels).
+inputs labelled otherwise), rotation, invert, corrupted (other inputs for the same labels).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,11 @@ from clusterfed.data.scenarios.assignment import (
     whole_pool,
 )
 from clusterfed.data.scenarios.building import SCENARIOS
+from clusterfed.data.scenarios.overlays import (
+    corruption_extras,
+    corruptions_of,
+    with_extras,
+)
 from clusterfed.data.transforms import (
     Identity,
     Invert,
@@ -144,3 +150,47 @@ def invert(dataset: Dataset, *, assign: Assignment, rng: np.random.Generator,
                              partition)
     return plan_clients(assign, train, test, lambda c: Invert() if flags[c] else Identity(),
                  {**info, "inverted": flags, **labels_info(spec)})
+
+
+# Cluster j's corruption by default: clean first, then the CIFAR-10-C families in turn.
+DEFAULT_CORRUPTIONS = ("none", "gaussian_noise", "gaussian_blur", "contrast", "brightness",
+                       "impulse_noise", "pixelate", "shot_noise", "defocus_blur",
+                       "speckle_noise")
+
+
+@SCENARIOS.register("corrupted")
+def corrupted(dataset: Dataset, *, assign: Assignment, rng: np.random.Generator,
+              kinds: Sequence[str] | None = None, severity: int | Sequence[int] = 3,
+              table: str = "cifar10_c", labels: Mapping[str, Any] | None = None
+              ) -> ScenarioPlan:
+    """Cluster j's images carry corruption kinds[j] at its severity (CIFAR-10-C, MNIST-C),
+    train and test: a feature shift generated from the clean data (`corruptions.py`).
+
+    Default kinds: `none` (clean), gaussian_noise, gaussian_blur, contrast, ... (the first k
+    of DEFAULT_CORRUPTIONS); `severity` one for all or one per cluster; `table` the published
+    parameters (`cifar10_c`, `mnist_c`). The random draws are seeded per (seed, client).
+    """
+    need_images(dataset, "scenario 'corrupted'")
+    k = assign.clusters
+    if kinds is None:
+        if k > len(DEFAULT_CORRUPTIONS):
+            raise ConfigError(f"scenario 'corrupted' has {len(DEFAULT_CORRUPTIONS)} default "
+                              f"corruptions for {k} clusters; list scenario.kinds (a kind at "
+                              f"several severities counts once per severity)")
+        kinds = list(DEFAULT_CORRUPTIONS[:k])
+    corruptions = corruptions_of(kinds, severity, table, "scenario")
+    if len(corruptions.kinds) != k:
+        raise ConfigError(f"scenario.kinds has {len(corruptions.kinds)} corruptions for {k} "
+                          f"clusters")
+    # A child stream: the draws that share out the data stay those of the other transform
+    # scenarios, and a plan again (drift) gets the same corruption draws.
+    seed = (int(rng.spawn(1)[0].integers(2 ** 63)),)
+    partition, spec = label_partition(labels)
+    train, test, info = fill(dataset, assign, rng, [whole_pool(dataset, range(assign.clients))],
+                             partition)
+    plan = plan_clients(assign, train, test, lambda _: Identity(),
+                        {**info, "corruption": corruptions.facts(), **labels_info(spec)})
+    # The corruption is each client's extra (as the overlay's), seeded per client and split.
+    clusters = [c.cluster for c in plan.clients]
+    extras = corruption_extras(clusters, corruptions, seed)
+    return replace(plan, clients=with_extras(plan.clients, extras))
