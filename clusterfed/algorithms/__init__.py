@@ -11,6 +11,7 @@ from clusterfed.algorithms import (  # noqa: E402,F401,I001
     fedprox,
     fedrc,
     fedsoft,
+    fesem,
     flhc,
     ifca,
     lcfl,
