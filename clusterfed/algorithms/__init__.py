@@ -12,6 +12,7 @@ from clusterfed.algorithms import (  # noqa: E402,F401,I001
     fedrc,
     fedsoft,
     fesem,
+    flexcfl,
     flhc,
     ifca,
     lcfl,

@@ -120,12 +120,12 @@ class FeSEM:
     k: int | None = None                 # K centres; None: from the data (module docstring)
     initialisation: str = "clients"      # "clients": K-means of one round of local models;
                                          # "random": K draws of the model's init (the paper)
-    select_round: int = 5                # "clients": FedAvg until this round, then K-means
+    select_round: int = 10               # "clients": FedAvg until this round, then K-means
     min_silhouette: float = NO_STRUCTURE  # k None: a cluster needs this mean silhouette
     k_max: int = K_MAX                   # k None: the most clusters considered
     weighting: str = "uniform"           # M-step weights: the paper's plain mean, or "samples"
     sees: ClassVar[frozenset[str]] = frozenset({"concept", "feature", "label"})
-    toy_mixture_options: ClassVar[dict[str, Any] | None] = {"rounds": 8}
+    toy_mixture_options: ClassVar[dict[str, Any] | None] = {"rounds": 12}
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {"initialisation": ("clients", "random")}
 
     def __post_init__(self) -> None:
