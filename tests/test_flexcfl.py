@@ -174,3 +174,19 @@ def test_one_group_on_an_iid_federation():
                       eval={"every": 3}, run={"checkpoint_every": 0})
     summary = run_config(merge(cfg, {"algorithm": {"name": "flexcfl", "warmup_rounds": 2}}))
     assert summary["clustering"]["n_clusters"] == 1
+
+
+@pytest.mark.parametrize("direction, joined", [("total", 1), ("latest", 0)])
+def test_a_newcomer_compares_with_the_groups_path_or_latest_update(direction, joined):
+    algo = FlexCFL(warmup_rounds=0, direction=direction)
+    state = grouped_state(algo)
+    # Paths from w_0 = 0: group 0 (1, 0, 0), group 1 (0, 3, 0); latest updates: group 0
+    # (0, 1, 0), group 1 (1, 0, 0). The newcomer's (0.5, 1, 0) is nearest group 1's path
+    # (cos 0.89 against 0.45) and group 0's latest update (0.89 against 0.45).
+    state = replace(state, models=np.array([[1, 0, 0], [0, 3, 0]], np.float32),
+                    directions=np.array([[0, 1, 0], [1, 0, 0]], np.float32),
+                    cold=np.array([False, False, True, False, False]))
+    ctx = RoundContext(4, np.array([2]), SPEC)
+    tasks = algo.plan(state, ctx)
+    upd = algo.update(state, ctx, [train(2, [0.5, 1.0, 0.0], tasks[0].meta)])
+    assert upd.state.group[2] == joined
