@@ -200,7 +200,7 @@ class FlexCFL:
     min_silhouette: float = NO_STRUCTURE  # k None: a group needs this mean silhouette
     group_lr: float = 0.0                # eta, inter-group aggregation; 0: none
     inter_group: str = "updates"         # the paper's mixing of updates, or "params" (code)
-    direction: str = "latest"            # a group's direction: "latest" update or "total"
+    direction: str = "total"             # a group's direction: w_g - w_0, or "latest" update
     migration: bool = True               # cold-start drifted clients again (temperature rule)
     max_temperature: int = 4             # rounds above the group's mean before migrating
     weighting: str = "samples"           # intra-group FedAvg weights: samples | uniform
