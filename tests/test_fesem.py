@@ -129,3 +129,19 @@ def test_recovers_rotations_and_finds_one_cluster_on_iid():
     found = run({"kind": "rotation", "clusters": 2})
     assert found["ari"] == 1.0 and found["n_clusters"] == 2
     assert run({"kind": "iid"})["n_clusters"] == 1
+
+
+def test_the_selection_round_starts_each_centre_at_its_clusters_mean():
+    algo = FeSEM(k=2, select_round=0)
+    state = algo.init(Setup(4, np.ones(2, np.float32), np.full(4, 10), 0))
+    ctx = RoundContext(0, np.array([0, 1, 2, 3]), SPEC)
+    tasks = algo.plan(state, ctx)
+    assert [t.meta["phase"] for t in tasks] == ["select"] * 4
+    updates = [[0, 0], [10, 10], [0, 1], [9, 11]]
+    upd = algo.update(state, ctx, [ClientResult(c, TaskKind.TRAIN, 10, loss=0.1,
+                                                update=np.asarray(u, np.float32))
+                                   for c, u in enumerate(updates)])
+    assert upd.state.selected
+    np.testing.assert_array_equal(upd.state.assignment, [0, 1, 0, 1])
+    # Centres: w + the mean update of each cluster, w = (1, 1).
+    np.testing.assert_allclose(upd.state.centres, [[1.0, 1.5], [10.5, 11.5]])

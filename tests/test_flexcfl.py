@@ -190,3 +190,22 @@ def test_a_newcomer_compares_with_the_groups_path_or_latest_update(direction, jo
     tasks = algo.plan(state, ctx)
     upd = algo.update(state, ctx, [train(2, [0.5, 1.0, 0.0], tasks[0].meta)])
     assert upd.state.group[2] == joined
+
+
+def test_the_group_cold_start_makes_groups_from_the_pretrained_updates():
+    algo = FlexCFL(warmup_rounds=0)
+    n = 12
+    state = algo.init(Setup(n, np.ones(60, np.float32), np.full(n, 10), 0))
+    ctx = RoundContext(0, np.arange(n), SPEC)
+    tasks = algo.plan(state, ctx)
+    assert {t.meta["phase"] for t in tasks} == {"pretrain"}
+    updates = blobs(np.random.default_rng(5), [4, 4, 4])
+    upd = algo.update(state, ctx, [train(c, updates[c], tasks[c].meta) for c in range(n)])
+    assert not upd.round_done
+    truth = np.repeat(np.arange(3), 4)
+    assert adjusted_rand_score(truth, upd.state.group) == 1.0
+    for g in range(3):   # each group's model: w_0 plus its members' mean update
+        members = upd.state.group == g
+        np.testing.assert_allclose(upd.state.models[g], 1 + updates[members].mean(0), rtol=1e-5)
+    step1 = algo.plan(upd.state, RoundContext(0, np.arange(n), SPEC, step=1))
+    assert [t.meta["group"] for t in step1] == upd.state.group.tolist()
