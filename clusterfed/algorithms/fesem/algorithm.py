@@ -12,7 +12,8 @@ FeSEM minimises it by alternating, every round over the round's sampled clients 
   M-step        W~_k = sum_{i: r_i = k} w_i W_i / sum_{i: r_i = k} w_i over the round's clients;
                 a centre that no client chose keeps its model.
 
-The paper's Algorithm 1 runs E-step, M-step, local update; here each round is local update,
+Before the selection round (below) the one model is trained by FedAvg, weighted by local
+sample counts. The paper's Algorithm 1 runs E-step, M-step, local update; here each round is local update,
 E-step, M-step: the same alternation, read from the other end, so that the E-step uses the local
 model the client has just sent rather than one the server would have to store for every client
 (n x d) from the last round it took part. w_i is 1 (`weighting: uniform`, the paper's centre is
@@ -150,6 +151,9 @@ class FeSEM:
         assignment = np.full(setup.num_clients, NEVER, dtype=np.int64)
         if self.initialisation == "random":
             assert self.k is not None
+            if setup.draw_initial is None:
+                raise ValueError("initialisation 'random' needs the runtime to draw "
+                                 "initialisations (Setup.draw_initial); use 'clients'")
             return FeSEMState(initial_models(setup, self.k, "random", 0.0), assignment, first,
                               setup.seed)
         return FeSEMState(first[None].copy(), assignment, first, setup.seed, selected=False)
