@@ -13,11 +13,12 @@ FeSEM minimises it by alternating, every round over the round's sampled clients 
                 a centre that no client chose keeps its model.
 
 Before the selection round (below) the one model is trained by FedAvg, weighted by local
-sample counts. The paper's Algorithm 1 runs E-step, M-step, local update; here each round is local update,
-E-step, M-step: the same alternation, read from the other end, so that the E-step uses the local
-model the client has just sent rather than one the server would have to store for every client
-(n x d) from the last round it took part. w_i is 1 (`weighting: uniform`, the paper's centre is
-the plain mean of its members' models); `samples` weights by local data size as FedAvg does.
+sample counts. The paper's Algorithm 1 runs E-step, M-step, local update; here each round is
+local update, E-step, M-step: the same alternation, read from the other end, so that the E-step
+uses the local model the client has just sent rather than one the server would have to store
+for every client (n x d) from the last round it took part. w_i is 1 (`weighting: uniform`, the
+paper's centre is the plain mean of its members' models); `samples` weights by local data size
+as FedAvg does.
 
 Initialisation and K. The paper fixes K and initialises the centres at random
 (`k: K, initialisation: random`: K independent draws of the model's own init scheme, as the
