@@ -20,6 +20,8 @@ FLOWER_ALGORITHMS: list[dict[str, Any]] = [
     {"name": "pacfl", "n_clusters": 2},
     {"name": "lcfl", "k": 2, "warmup_rounds": 1},
     {"name": "ifca", "k": 2, "restarts": 1},
+    {"name": "fesem", "k": 2, "select_round": 1},
+    {"name": "flexcfl", "k": 2, "warmup_rounds": 0},
 ]
 
 # The in-process Flower tests (the real ClientApp and wire format behind a loopback grid) run

@@ -11,6 +11,8 @@ from clusterfed.algorithms import (  # noqa: E402,F401,I001
     fedprox,
     fedrc,
     fedsoft,
+    fesem,
+    flexcfl,
     flhc,
     ifca,
     lcfl,
