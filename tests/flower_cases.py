@@ -22,6 +22,8 @@ FLOWER_ALGORITHMS: list[dict[str, Any]] = [
     {"name": "ifca", "k": 2, "restarts": 1},
     {"name": "fesem", "k": 2, "select_round": 1},
     {"name": "flexcfl", "k": 2, "warmup_rounds": 0},
+    # Per-sample losses with labels up, sample-weighted training down: the soft methods' door.
+    {"name": "fedrc", "components": 2},
 ]
 
 # The in-process Flower tests (the real ClientApp and wire format behind a loopback grid) run
@@ -30,6 +32,8 @@ FLOWER_ALGORITHMS: list[dict[str, Any]] = [
 EVERY_ALGORITHM: list[dict[str, Any]] = [
     *FLOWER_ALGORITHMS,
     {"name": "ifca", "select_round": 1},      # k from the data: the selection round too
+    {"name": "fedem", "components": 2},
+    {"name": "fedsoft", "k": 2, "tau": 1},
     {"name": "fedprox", "mu": 0.01},
     {"name": "fednova"},
     {"name": "scaffold"},
