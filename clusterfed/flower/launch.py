@@ -9,11 +9,11 @@ from typing import Any
 
 from clusterfed import config as cfg
 from clusterfed.data import own
+from clusterfed.data.scenarios.drift import refuse_drift
 from clusterfed.errors import ClusterfedError
 from clusterfed.flower.local import LocalFederation, raise_on_sigterm
 from clusterfed.flower.wire import config_json
 from clusterfed.run_folder import CHECKPOINT
-from clusterfed.sim.build import refuse_drift
 
 # Flower's own lines worth showing without --verbose-flower.
 _SHOWN = ("[clusterfed]", "ERROR", "Error", "Traceback", "Exception", "Successfully started run")

@@ -38,6 +38,7 @@ from clusterfed.client.secret import read_secret_file, secret_id
 from clusterfed.clustering.metrics import NO_TRUTH
 from clusterfed.data import own
 from clusterfed.data.federation import Federation
+from clusterfed.data.scenarios.drift import refuse_drift
 from clusterfed.errors import ClusterfedError, ConfigError
 from clusterfed.models import FlatModel, build_model
 from clusterfed.sim.build import (
@@ -45,7 +46,6 @@ from clusterfed.sim.build import (
     initial_models,
     initial_params,
     privacy_transform,
-    refuse_drift,
 )
 from clusterfed.sim.choice import resolve_device
 from clusterfed.tasks import ClientResult, ClientTask

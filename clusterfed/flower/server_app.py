@@ -21,10 +21,10 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from clusterfed import config as cfg
+from clusterfed.data.scenarios.drift import refuse_drift
 from clusterfed.errors import ClusterfedError
 from clusterfed.flower.executor import FlowerExecutor
 from clusterfed.run_folder import CHECKPOINT, read_config
-from clusterfed.sim.build import refuse_drift
 from clusterfed.sim.simulation import Simulation
 
 app = ServerApp()

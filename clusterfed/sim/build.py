@@ -20,6 +20,7 @@ from clusterfed.algorithms import Setup, build_algorithm
 from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.secret import read_secret_file
 from clusterfed.data import Federation, build_federation, load_dataset, own
+from clusterfed.data.scenarios.drift import refuse_drift
 from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel, build_model
 from clusterfed.sim.choice import build_executor
@@ -105,17 +106,6 @@ def privacy_transform(config: Mapping[str, Any], size: int, secret: bytes | None
         return ParameterTransform.from_secret(run["privacy"], secret, size)
     seed = run["privacy_seed"] if run["privacy_seed"] is not None else config["seed"] + 0x5EC
     return ParameterTransform.from_seed(run["privacy"], seed, size)
-
-
-def refuse_drift(config: Mapping[str, Any], where: str,
-                 federation: Federation | None = None) -> None:
-    """scenario.drift switches the clients' data at a round, which only the simulator's own
-    executors do (rebuilt on the new data); refuse it where the data stay put."""
-    if config.get("scenario", {}).get("drift") is not None or (
-            federation is not None and federation.drift is not None):
-        raise ConfigError(f"scenario.drift is not supported {where}: the clients' data switch "
-                          f"at a round only in the simulator with its own executor "
-                          f"(run.executor); drop scenario.drift or run `clusterfed run`")
 
 
 @dataclass

@@ -163,3 +163,13 @@ def drifted(before: Federation, plan: ScenarioPlan, spec: DriftSpec, assign: Ass
                        groupings=before.groupings)
     return replace(before, info=info, drift=Drift(spec.round, spec.clients, after))
 
+
+def refuse_drift(config: Mapping[str, Any], where: str,
+                 federation: Federation | None = None) -> None:
+    """scenario.drift switches the clients' data at a round, which only the simulator's own
+    executors do (rebuilt on the new data); refuse it where the data stay put."""
+    if config.get("scenario", {}).get("drift") is not None or (
+            federation is not None and federation.drift is not None):
+        raise ConfigError(f"scenario.drift is not supported {where}: the clients' data switch "
+                          f"at a round only in the simulator with its own executor "
+                          f"(run.executor); drop scenario.drift or run `clusterfed run`")
