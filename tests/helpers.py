@@ -5,11 +5,23 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import numpy as np
+
 from clusterfed import config as cfg
+from clusterfed.algorithms import RoundContext
 from clusterfed.cli import entry
 from clusterfed.models import FlatModel, build_model
 from clusterfed.sim.executor import SequentialExecutor
 from clusterfed.sim.simulation import initial_params
+from clusterfed.tasks import TrainSpec
+
+# The local training of hand-driven algorithm rounds (init / plan / update called directly).
+SPEC = TrainSpec(lr=0.1, batch_size=10)
+
+
+def ctx(rnd: int, sampled: Any, step: int = 0) -> RoundContext:
+    """Round `rnd`'s context with clients `sampled`, at sub-step `step`."""
+    return RoundContext(rnd, np.asarray(sampled), SPEC, step)
 
 
 def tiny_config(algorithm: str = "fedavg", **sections: dict[str, Any]) -> dict[str, Any]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import tiny_config
+from helpers import ctx, tiny_config
 
-from clusterfed.algorithms import RoundContext, Setup, build_algorithm
+from clusterfed.algorithms import Setup, build_algorithm
 from clusterfed.algorithms.fedem.algorithm import (
     FedEM,
     component_weights,
@@ -23,16 +23,10 @@ from clusterfed.algorithms.fedrc.algorithm import (
     label_marginals,
     robust_responsibilities,
 )
-from clusterfed.client import ClientResult, TaskKind, TrainSpec
+from clusterfed.client import ClientResult, TaskKind
 from clusterfed.config import merge
 from clusterfed.errors import ConfigError
 from clusterfed.sim.simulation import run_config
-
-SPEC = TrainSpec(lr=0.1, batch_size=10)
-
-
-def ctx(rnd: int, sampled, step: int = 0) -> RoundContext:
-    return RoundContext(rnd, np.asarray(sampled), SPEC, step)
 
 
 def setup(n: int, d: int = 2, sizes=None) -> Setup:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import comparable, tiny_config
+from helpers import comparable, ctx, tiny_config
 
-from clusterfed.algorithms import RoundContext, Setup
+from clusterfed.algorithms import Setup
 from clusterfed.algorithms.fedsoft.algorithm import (
     FedSoft,
     centre_update,
@@ -17,16 +17,10 @@ from clusterfed.algorithms.fedsoft.algorithm import (
     select_clients,
     served_centres,
 )
-from clusterfed.client import ClientResult, TaskKind, TrainSpec
+from clusterfed.client import ClientResult, TaskKind
 from clusterfed.config import merge
 from clusterfed.errors import ConfigError
 from clusterfed.sim.simulation import Simulation, resume_run, run_config
-
-SPEC = TrainSpec(lr=0.1, batch_size=10)
-
-
-def ctx(rnd: int, sampled, step: int = 0) -> RoundContext:
-    return RoundContext(rnd, np.asarray(sampled), SPEC, step)
 
 
 def setup(sizes, d: int = 2) -> Setup:

@@ -8,19 +8,17 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from helpers import tiny_config
+from helpers import ctx, tiny_config
 
 from clusterfed import config as cfg
-from clusterfed.algorithms import RoundContext, Setup, build_algorithm
+from clusterfed.algorithms import Setup, build_algorithm
 from clusterfed.algorithms.ifca.algorithm import IFCA, IFCAState, served_clusters
 from clusterfed.algorithms.ifca.report import choice_matrix
-from clusterfed.client import ClientResult, TaskKind, TrainSpec
+from clusterfed.client import ClientResult, TaskKind
 from clusterfed.config import merge
 from clusterfed.errors import ConfigError
 from clusterfed.report.pages import write_report
 from clusterfed.sim.simulation import Simulation, run_config
-
-SPEC = TrainSpec(lr=0.1, batch_size=10)
 
 
 def setup(n: int, d: int = 2, sizes=None) -> Setup:
@@ -34,10 +32,6 @@ def with_models(state: IFCAState, models) -> IFCAState:
 
 def losses_result(client: int, losses, n: int) -> ClientResult:
     return ClientResult(client, TaskKind.LOSSES, n, losses=np.asarray(losses, np.float64))
-
-
-def ctx(rnd: int, sampled, step: int = 0) -> RoundContext:
-    return RoundContext(rnd, np.asarray(sampled), SPEC, step)
 
 
 def test_each_client_takes_the_argmin_of_its_losses_and_trains_that_model():
