@@ -284,7 +284,16 @@ def test_no_worker_outlives_a_failed_run(federation):
     assert gone(sim.executor.started_pids)
 
 
-def test_no_worker_outlives_ctrl_c(federation, tmp_path):
+@pytest.fixture
+def sigint_raises():
+    """Ctrl-C raises KeyboardInterrupt even where the test runner was started with SIGINT
+    ignored (a shell's background job), which Python then never turns into the exception."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_no_worker_outlives_ctrl_c(federation, tmp_path, sigint_raises):
     module = InterruptsParent(federation.input_shape, federation.n_classes, os.getpid(),
                               str(tmp_path / "interrupted"))
     sim = Simulation(tiny_config(run={"executor": "processes", "workers": 2}),
@@ -294,7 +303,7 @@ def test_no_worker_outlives_ctrl_c(federation, tmp_path):
     assert gone(sim.executor.started_pids)
 
 
-def test_an_interrupted_call_stops_its_workers(federation, tmp_path):
+def test_an_interrupted_call_stops_its_workers(federation, tmp_path, sigint_raises):
     module = InterruptsParent(federation.input_shape, federation.n_classes, os.getpid(),
                               str(tmp_path / "interrupted"))
     proc = ProcessExecutor(FlatModel(module), federation, SEED, workers=2)
