@@ -60,14 +60,12 @@ from clusterfed.algorithms.base import (
     Update,
     check_choices,
 )
-from clusterfed.algorithms.ifca.algorithm import initial_models
+from clusterfed.algorithms.ifca.algorithm import NEVER, initial_models
 from clusterfed.algorithms.selection import clusters_of_updates
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
 from clusterfed.clustering.precomputed import NO_STRUCTURE
 from clusterfed.state import serialisable
 from clusterfed.tasks import LocalObjective, LossSpec
-
-NEVER = -1
 
 
 @serialisable

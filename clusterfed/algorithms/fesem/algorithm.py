@@ -60,14 +60,12 @@ from clusterfed.algorithms.base import (
     Update,
     check_choices,
 )
-from clusterfed.algorithms.ifca.algorithm import initial_models, served_clusters
+from clusterfed.algorithms.ifca.algorithm import NEVER, initial_models, served_clusters
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
 from clusterfed.clustering.kmeans import K_MAX, kmeans_clusters
 from clusterfed.clustering.precomputed import NO_STRUCTURE
 from clusterfed.clustering.similarity import euclidean_distance_matrix
 from clusterfed.state import serialisable
-
-NEVER = -1
 
 
 @serialisable
