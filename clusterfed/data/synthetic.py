@@ -82,4 +82,5 @@ def load_fedem_synthetic(root: Path | None = None, clients: int = 300, component
                    train_groups=np.repeat(groups, sizes),
                    test_groups=np.repeat(groups, n_test),
                    meta={"group_clusters": {int(t): int(np.argmax(pi[t])) for t in groups},
-                         "pi": pi.tolist(), "theta": theta.tolist(), "groups": [str(t) for t in groups]})
+                         "pi": pi.tolist(), "theta": theta.tolist(),
+                         "groups": [str(t) for t in groups]})
