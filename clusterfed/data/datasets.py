@@ -86,4 +86,5 @@ def load_digits(root: Path | None = None, test_fraction: float = 0.25) -> Datase
 from clusterfed.data import idx as _idx  # noqa: E402,F401
 from clusterfed.data import images as _images  # noqa: E402,F401
 from clusterfed.data import leaf as _leaf  # noqa: E402,F401
+from clusterfed.data import synthetic as _synthetic  # noqa: E402,F401
 from clusterfed.data import text as _text  # noqa: E402,F401
