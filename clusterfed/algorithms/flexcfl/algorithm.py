@@ -54,8 +54,11 @@ Deviations, and why:
   (at most `max_temperature`); at zero it is cold-started when next sampled
   (`migration: false` turns it off).
 - The group direction a newcomer is compared with: `direction: latest`, the group's latest
-  aggregated update (the authors' code), or `total`, w_g - w_0 (the group's whole path from
-  where the newcomer's pre-training starts).
+  aggregated update, or `total`, w_g - w_0 (the group's whole path from where the newcomer's
+  pre-training starts). The authors' code (flearn/trainer/fedgroup.py `client_cold_start`)
+  compares a newcomer with the group's `opt_updates`, its members' mean pre-training update
+  from the group cold start, which training never changes; only a client re-assigned after a
+  re-clustering is compared with the latest update. That fixed direction is not an option here.
 
 What it can see: whatever makes updates from w_0 point apart: concept, feature and label shift.
 
