@@ -21,7 +21,11 @@ Round t (Algorithm 1):
 
 The steps are named by Algorithm 1's parts, not by equation numbers: the paper's full text
 was not at hand when this was written (its abstract, the authors' code ycruan/FedSoft and the
-door's brief were); check them against the paper before citing them.
+door's brief were); check them against the paper before citing them. Checked against the
+authors' code (ycruan/FedSoft clients.py, servers.py): sigma replaces zero counts only (below);
+with selection the centre is (1/K) sum over the K clients each centre draws without replacement
+from all clients with p = v_{s,.}; without it, sum_c v_{s,c} w_c; the proximal term is
+(lambda/2) sum_s u_{c,s} ||w - theta_s||^2 with u the client's shares. All as here.
 
 How it maps onto our rounds. The runtime samples the round's clients (`ctx.sampled`); FedSoft
 works among them. The estimation of step 0 goes to the sampled clients that are due: every

@@ -40,18 +40,25 @@ Deviations, and why:
 - The pre-training set. The paper draws alpha * m clients from all; here they are (up to
   alpha * m, alpha * k_max with k from the data) the sampled clients of the cold-start round,
   so a round asks only sampled clients; the others join later by client cold start.
-  Pre-training is one round of the run's local training (`train`), as the authors' `pretrain`
-  uses the client's settings.
+  Pre-training is one round of the run's local training (`train`); the authors' code
+  (morningD/FlexCFL, flearn/trainer/fedgroup.py) pre-trains 50 mini-batch steps at the
+  client's batch size (`pretrain(init_params, iterations=50)`), whatever the local epochs.
 - Migration trigger. The paper migrates a client when the Wasserstein distance between its old
   and new label distributions passes a threshold; the server never sees a client's labels
-  (no task carries a label histogram), so the trigger here is the authors' code's temperature
-  rule on what the server sees: after each training, a client whose cosine dissimilarity to
+  (no task carries a label histogram), so the trigger here is a temperature rule on what the
+  server sees, after the temperature of the authors' earlier FedGroup code (the FlexCFL code,
+  flearn/client.py `check_distribution_shift`, follows the paper instead: the client compares
+  the Wasserstein distance of its current and recorded training-label counts with (0.2 / L)
+  times its training size): after each training, a client whose cosine dissimilarity to
   its group's aggregated update is above the group's mean loses one degree, else gains one
   (at most `max_temperature`); at zero it is cold-started when next sampled
   (`migration: false` turns it off).
 - The group direction a newcomer is compared with: `direction: latest`, the group's latest
-  aggregated update (the authors' code), or `total`, w_g - w_0 (the group's whole path from
-  where the newcomer's pre-training starts).
+  aggregated update, or `total`, w_g - w_0 (the group's whole path from where the newcomer's
+  pre-training starts). The authors' code (flearn/trainer/fedgroup.py `client_cold_start`)
+  compares a newcomer with the group's `opt_updates`, its members' mean pre-training update
+  from the group cold start, which training never changes; only a client re-assigned after a
+  re-clustering is compared with the latest update. That fixed direction is not an option here.
 
 What it can see: whatever makes updates from w_0 point apart: concept, feature and label shift.
 

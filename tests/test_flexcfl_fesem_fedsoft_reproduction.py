@@ -1,0 +1,60 @@
+"""FlexCFL's, FeSEM's and FedSoft's recorded claims at the -small scale on the real MNIST
+(docs/reproductions/flexcfl.md, fesem.md, fedsoft.md; seed 0).
+
+Long: skipped by `make test`, run by `make reproduce-tests`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clusterfed import config as cfg
+from clusterfed.experiments.compare import compare
+
+pytestmark = [pytest.mark.reproduction, pytest.mark.shared_data]
+
+OVERRIDES = ["run.progress=false", "run.threads=1"]
+
+
+def summaries(preset: str, names: list[str], shared_data: Path, out: Path) -> dict:
+    config = cfg.resolve(preset, OVERRIDES)
+    return compare(config, out, names, data_dir=str(shared_data))["summaries"]
+
+
+def test_flexcfl_small_keeps_three_groups_and_inter_group_rate_helps(shared_data: Path,
+                                                                     tmp_path: Path):
+    """flexcfl-mnist-small, seed 0: FlexCFL's group cold start fills all m = 3 groups and they
+    stay apart (3 clusters at the end); eta_g = 0.1 serves the clients better than eta_g = 0
+    (measured: 83.30 against 80.74; FedAvg 85.85, so the abstract's gain over FeSEM is not
+    reproduced at this scale, docs/reproductions/flexcfl.md)."""
+    runs = summaries("flexcfl-mnist-small", ["flexcfl", "flexcfl-eta0.1"], shared_data, tmp_path)
+    flexcfl, mixed = runs["flexcfl"], runs["flexcfl-eta0.1"]
+    assert flexcfl["clustering"]["n_clusters"] == 3
+    assert flexcfl["final"]["mean_accuracy"] >= 0.78
+    assert mixed["final"]["mean_accuracy"] >= flexcfl["final"]["mean_accuracy"] + 0.01
+
+
+def test_fedsoft_small_finds_both_sources_and_beats_one_model(shared_data: Path,
+                                                              tmp_path: Path):
+    """fedsoft-rotmnist-small, seed 0 (MNIST and MNIST rotated 90, each client one source):
+    every client's largest importance weight is on its own source (ARI 1), and the centres
+    serve the clients >= 8 points better than FedAvg's one model (measured: 76.56 against
+    64.45; docs/reproductions/fedsoft.md)."""
+    runs = summaries("fedsoft-rotmnist-small", ["fedavg", "fedsoft"], shared_data, tmp_path)
+    fedsoft, fedavg = runs["fedsoft"], runs["fedavg"]
+    assert fedsoft["clustering"]["ari"] == pytest.approx(1.0)
+    assert fedsoft["final"]["cluster_mean_accuracy"] >= \
+        fedavg["final"]["cluster_mean_accuracy"] + 0.08
+
+
+def test_fesem_small_random_centres_collapse_to_one(shared_data: Path, tmp_path: Path):
+    """fesem-mnist-small, seed 0: from K = 3 random centres (the paper's and the FlexCFL
+    authors' start) every client's local model is nearest the same centre, so FeSEM ends with
+    one cluster and scores as FedAvg does, within 2 points (measured: 84.81 against 85.85;
+    docs/reproductions/fesem.md)."""
+    runs = summaries("fesem-mnist-small", ["fedavg", "fesem"], shared_data, tmp_path)
+    fesem, fedavg = runs["fesem"], runs["fedavg"]
+    assert fesem["clustering"]["n_clusters"] == 1
+    assert abs(fesem["final"]["mean_accuracy"] - fedavg["final"]["mean_accuracy"]) <= 0.02
