@@ -28,6 +28,22 @@ def test_weighted_mean_by_hand():
         aggregation_weights(np.ones(2), "median")
 
 
+def test_weighted_mean_in_blocks_is_the_one_matrix_product(monkeypatch):
+    """Columns in blocks (a short last one) and a list of vectors give the float64 product of
+    the whole stacked matrix bit for bit: the blocks only bound the memory."""
+    from clusterfed.algorithms import aggregate
+
+    monkeypatch.setattr(aggregate, "BLOCK", 7)
+    rng = np.random.default_rng(0)
+    v = rng.normal(size=(5, 30)).astype(np.float32)
+    w = rng.uniform(1, 50, 5)
+    whole = ((w / w.sum()) @ v.astype(np.float64)).astype(np.float32)
+    assert np.array_equal(weighted_mean(v, w), whole)
+    assert np.array_equal(weighted_mean(list(v), w), whole)
+    with pytest.raises(ValueError, match="one length"):
+        weighted_mean([v[0], v[1][:20]], w[:2])
+
+
 def test_fedavg_sample_weighted_update_by_hand():
     algo = build_algorithm({"name": "fedavg"})
     state = algo.init(Setup(4, np.array([1.0, 1.0, 1.0], np.float32), np.array([10, 30, 60, 5]),

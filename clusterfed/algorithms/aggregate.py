@@ -8,15 +8,30 @@ import numpy as np
 
 from clusterfed.client.tasks import ClientResult
 
+# Columns a block: the float64 copy of one block (n x BLOCK) stays small however many clients
+# there are; stacking every update, then copying it to float64, held 3x the updates at once.
+BLOCK = 1 << 14
 
-def weighted_mean(vectors: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """sum_i w_i v_i / sum_i w_i over the rows of `vectors` (n x d), in float64 then float32."""
+Vectors = np.ndarray | Sequence[np.ndarray]
+
+
+def weighted_mean(vectors: Vectors, weights: np.ndarray) -> np.ndarray:
+    """sum_i w_i v_i / sum_i w_i over the rows of `vectors` (an n x d array, or n vectors of
+    length d, never stacked), in float64 then float32, a block of columns at a time."""
     weights = np.asarray(weights, dtype=np.float64)
-    if vectors.ndim != 2 or len(vectors) != len(weights):
+    if len(vectors) != len(weights) or any(np.ndim(v) != 1 for v in vectors):
         raise ValueError("weighted_mean needs n vectors (n x d) and n weights")
     if len(weights) == 0 or weights.sum() <= 0:
         raise ValueError("weighted_mean needs at least one positive weight")
-    return ((weights / weights.sum()) @ vectors.astype(np.float64)).astype(np.float32)
+    d = len(vectors[0])
+    if any(len(v) != d for v in vectors):
+        raise ValueError("weighted_mean needs vectors of one length")
+    weights = weights / weights.sum()
+    out = np.empty(d, dtype=np.float32)
+    for start in range(0, d, BLOCK):
+        block = np.stack([v[start:start + BLOCK] for v in vectors]).astype(np.float64)
+        out[start:start + BLOCK] = weights @ block
+    return out
 
 
 def aggregation_weights(num_samples: np.ndarray, weighting: str) -> np.ndarray:
@@ -28,10 +43,10 @@ def aggregation_weights(num_samples: np.ndarray, weighting: str) -> np.ndarray:
     raise ValueError(f"weighting must be 'samples' or 'uniform', got {weighting!r}")
 
 
-def cluster_fedavg(models: np.ndarray, updates: np.ndarray, clusters: np.ndarray,
+def cluster_fedavg(models: np.ndarray, updates: Vectors, clusters: np.ndarray,
                    weights: np.ndarray) -> np.ndarray:
     """Per-cluster FedAvg: row c of `models` (k x d) plus the weighted mean of the updates
-    (n x d) whose `clusters` entry is c; a cluster without updates keeps its model.
+    (n x d, or n vectors) whose `clusters` entry is c; a cluster without updates keeps its model.
 
     Each mean is `weighted_mean` over the cluster's rows in their given order, added in float32,
     so one cluster gives FedAvg's model bit for bit.
@@ -42,8 +57,8 @@ def cluster_fedavg(models: np.ndarray, updates: np.ndarray, clusters: np.ndarray
         raise ValueError("cluster_fedavg needs one cluster and one weight per update")
     out = np.array(models, dtype=np.float32)
     for c in np.unique(clusters):
-        members = clusters == c
-        out[c] += weighted_mean(updates[members], weights[members])
+        members = np.flatnonzero(clusters == c)
+        out[c] += weighted_mean([updates[i] for i in members], weights[members])
     return out
 
 
@@ -53,5 +68,5 @@ def results_fedavg(models: np.ndarray, results: Sequence[ClientResult], clusters
     if not results:
         return np.array(models, dtype=np.float32)
     weights = aggregation_weights(np.array([r.num_samples for r in results]), weighting)
-    return cluster_fedavg(models, np.stack([r.update for r in results]),
+    return cluster_fedavg(models, [r.update for r in results],
                           np.asarray(clusters, dtype=np.int64), weights)

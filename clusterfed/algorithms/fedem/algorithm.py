@@ -267,8 +267,8 @@ class FedEM:
         keep = chosen > 0     # a component no client weighs keeps its model
         models = state.models
         if keep.any():
-            models = cluster_fedavg(models, np.stack([x.update for x in results])[keep],
-                                    comps[keep], chosen[keep])
+            models = cluster_fedavg(models, [x.update for x, k in zip(results, keep, strict=True)
+                                             if k], comps[keep], chosen[keep])
         return Update(replace(state, models=models))
 
     def _select(self, state: MixtureState, results: Sequence[ClientResult]) -> Update:
