@@ -237,3 +237,15 @@ def test_fedem_runs_with_the_mixture_and_scores_each_clients_mixture():
             logits = [sim.model(torch.from_numpy(m), x).double().numpy() for m in view.models]
             acc.append(brute_force(logits, view.weights[c], client.test_y.astype(np.int64))[1])
     np.testing.assert_allclose(summary["final"]["per_client_accuracy"], acc, atol=1e-6)
+
+
+def test_reproduce_names_a_runs_own_protocol():
+    from clusterfed.experiments.reproduce import markdown, summarise
+
+    config = synthetic_config({"name": "fedem", "components": 2})
+    run = {"own": 60.0, "cluster": float("nan"), "ari": 0.0, "clusters": 1.0, "seconds": 1.0}
+    result = summarise(config, {"fedem": [run], "fedavg": [run]}, [0],
+                       {"fedem": "mixture", "fedavg": "cluster"})
+    rows = {r["label"]: r for r in result["rows"]}
+    assert "eval_protocol" not in rows["fedem"] and rows["fedavg"]["eval_protocol"] == "cluster"
+    assert "| fedavg (`cluster`) |" in markdown(result) and "| fedem |" in markdown(result)
