@@ -64,8 +64,10 @@ DEFAULTS: dict[str, Any] = {
 CLOSED_SECTIONS = {"train", "eval", "run", "compare"}
 # Changing one of these keys drops the base config's other keys of that section.
 KIND_KEYS = {"data": "dataset", "scenario": "kind", "model": "name", "algorithm": "name"}
-# "sampled_local": LCFL's authors' figure (sim/protocols.py, `SampledLocal`).
-EVAL_PROTOCOLS = ("cluster", "local", "best_of_path", "sampled_local", "min_test_loss")
+# "sampled_local": LCFL's authors' figure (sim/protocols.py, `SampledLocal`); "mixture":
+# FedEM's and FedRC's prediction, each client's mixture of the models (`Mixture`).
+EVAL_PROTOCOLS = ("cluster", "local", "best_of_path", "sampled_local", "min_test_loss",
+                  "mixture")
 # Keys that keep their meaning when the section's kind changes.
 KIND_INDEPENDENT = {
     "scenario": {"clients", "clusters", "samples_per_client", "test_samples_per_client", "test",

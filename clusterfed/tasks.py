@@ -202,6 +202,9 @@ class ClientTask:
     candidate sets that it does not serve): the 'local' evaluation protocols skip it.
     `loss` (LOSSES): which data; `signature` (SIGNATURE): how; `split` (EVALUATE): which data,
     'test' or 'validation' (the held-out part of the training data).
+    `mixture` (EVALUATE): one weight per model row of `params` (>= 0, summing to 1): the client
+    is tested with the mixture sum_m w_m softmax(f_m(x)) of the models, not each model alone,
+    and answers one loss and one accuracy (FedEM's and FedRC's prediction).
     `id`: unique within the round, given by the runtime (`numbered`); -1 until then.
     """
 
@@ -216,11 +219,24 @@ class ClientTask:
     own_model: bool = True
     signature: SignatureSpec | None = None   # SIGNATURE: how (default: SignatureSpec())
     split: str = "test"
+    mixture: np.ndarray | None = None     # EVALUATE: (models,) mixture weights
 
     def __post_init__(self) -> None:
         if self.split not in SPLITS:
             raise ConfigError(f"an evaluation split is one of {SPLITS}, got {self.split!r}")
+        if self.mixture is not None:
+            check_mixture(self, np.asarray(self.mixture))
 
+
+def check_mixture(task: ClientTask, weights: np.ndarray) -> None:
+    """Refuse mixture weights that are not one probability per model row of an EVALUATE task."""
+    if task.kind is not TaskKind.EVALUATE or np.ndim(task.params) != 2:
+        raise ConfigError("mixture weights go with an EVALUATE task of stacked models (2-D)")
+    if weights.shape != (len(task.params),):
+        raise ConfigError(f"{weights.shape} mixture weights for {len(task.params)} models")
+    if not np.all(np.isfinite(weights)) or np.any(weights < 0) \
+            or abs(float(weights.sum()) - 1.0) > 1e-5:
+        raise ConfigError("mixture weights are finite, >= 0 and sum to 1")
 
 
 @dataclass(frozen=True)

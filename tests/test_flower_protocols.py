@@ -26,6 +26,7 @@ CASES = [
     ("min_test_loss", {"name": "ifca", "k": 2}, {}),
     ("best_of_path", {"name": "cfl", "acceptance": "fixed", "eps1": 0.6, "eps2": 0.1},
      {"validation_fraction": 0.2}),
+    ("mixture", {"name": "fedem", "components": 2}, {}),     # mixture weights on the wire
 ]
 
 

@@ -58,10 +58,16 @@ class Update:
 
 @dataclass(frozen=True)
 class ClusterView:
-    """Which model serves which client: `models[assignment[c]]` is client c's model."""
+    """Which model serves which client: `models[assignment[c]]` is client c's model.
+
+    `weights`, for methods whose clients predict with a mixture of the models (FedEM, FedRC):
+    (num_clients, K), row c client c's mixture weights (>= 0, summing to 1), which the
+    evaluation protocol 'mixture' tests; None for methods that serve one model a client.
+    """
 
     models: np.ndarray       # (K, d) float32
     assignment: np.ndarray   # (num_clients,) int, index into models
+    weights: np.ndarray | None = None   # (num_clients, K) mixture weights, or None
 
     @property
     def num_clusters(self) -> int:

@@ -172,6 +172,29 @@ def evaluate(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.T
     return loss_sum / scored(y), correct / scored(y)
 
 
+@torch.no_grad()
+def evaluate_mixture(model: FlatModel, stacked: torch.Tensor, weights: np.ndarray,
+                     x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """Mean loss and accuracy on (x, y) of the mixture p(y | x) = sum_m w_m softmax(f_m(x))_y
+    of the models (rows of `stacked`) with weights `weights` (FedEM's and FedRC's prediction).
+
+    Loss: -mean log p(y | x), by log-sum-exp over the models' log-softmax (in float64, so a
+    model with weight 0 or a tiny probability does not underflow); accuracy: argmax_y p(y | x).
+    """
+    log_w = torch.log(torch.as_tensor(np.asarray(weights), dtype=torch.float64,
+                                      device=stacked.device))
+    loss_sum, correct = 0.0, 0
+    rows = chunk_rows(y)
+    for start in range(0, len(y), rows):
+        target = y[start:start + rows]
+        log_p = torch.stack([F.log_softmax(model(w, x[start:start + rows]).double(), dim=1)
+                             for w in stacked])   # (models, batch, classes, ...)
+        mixed = torch.logsumexp(log_p + log_w.view(-1, *[1] * (log_p.dim() - 1)), dim=0)
+        loss_sum += float(F.nll_loss(mixed, target, reduction="sum", ignore_index=IGNORE_INDEX))
+        correct += int((mixed.argmax(1) == target).sum())
+    return loss_sum / scored(y), correct / scored(y)
+
+
 def losses(model: FlatModel, stacked: torch.Tensor, x: torch.Tensor, y: torch.Tensor
            ) -> np.ndarray:
     """Mean loss of each of several models (rows of `stacked`) on (x, y)."""
@@ -261,7 +284,10 @@ def run_task(model: FlatModel, task: ClientTask, train_xy: tuple[torch.Tensor, t
         return ClientResult(task.client, task.kind, len(y), losses=values, labels=labels,
                             meta=meta, task_id=task.id)
     tx, ty = test_xy
-    pairs = [evaluate(model, w, tx, ty) for w in stacked]
+    if task.mixture is not None:   # one figure: the mixture's
+        pairs = [evaluate_mixture(model, stacked, task.mixture, tx, ty)]
+    else:
+        pairs = [evaluate(model, w, tx, ty) for w in stacked]
     return ClientResult(task.client, task.kind, len(ty),
                         losses=np.array([p[0] for p in pairs]),
                         accuracies=np.array([p[1] for p in pairs]),

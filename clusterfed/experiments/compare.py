@@ -19,7 +19,8 @@ def algorithm_sections(config: Mapping[str, Any], names: Sequence[str] | None
 
     A list entry is a name or a mapping {name: ..., option: ...} with that algorithm's options;
     an optional `label` names the run (one algorithm under several options, e.g. LCFL's metric
-    ablations) and is what `names` and the table use.
+    ablations) and is what `names` and the table use; an optional `eval` mapping overrides the
+    config's eval keys for that run alone (`run_config_of`).
     """
     listed = list(config["compare"]["algorithms"])
     own_options = {e.get("label", e["name"]): e for e in listed if isinstance(e, Mapping)}
@@ -33,6 +34,22 @@ def algorithm_sections(config: Mapping[str, Any], names: Sequence[str] | None
         ALGORITHMS.get(str(section.get("name")))
         sections.append(section)
     return sections
+
+
+def run_config_of(config: Mapping[str, Any], section: Mapping[str, Any]) -> dict[str, Any]:
+    """The config of one entry's run: `config` with the entry's algorithm section and, where
+    the entry has an `eval` mapping, those eval keys over the config's. So a comparison tests
+    each method by its own paper's protocol (`eval: {protocol: mixture}` on FedEM beside
+    methods that serve one model a client); the entry's run folder records what it used."""
+    algorithm = dict(section)
+    own_eval = algorithm.pop("eval", None)
+    if own_eval is not None and not isinstance(own_eval, Mapping):
+        raise ConfigError(f"compare entry {algorithm.get('name')!r}: eval must be a mapping "
+                          f"of eval keys, got {own_eval!r}")
+    run_cfg = cfg.merge(dict(config), {"algorithm": algorithm,
+                                       **({"eval": dict(own_eval)} if own_eval else {})})
+    cfg.validate(run_cfg)
+    return run_cfg
 
 
 def compare(config: Mapping[str, Any], out_dir: str | Path, names: Sequence[str] | None = None,
@@ -49,8 +66,8 @@ def compare(config: Mapping[str, Any], out_dir: str | Path, names: Sequence[str]
                           "or label")
     federation = build_federation_for(config, data_dir)
     summaries = {}
-    for label, section in zip(labels, sections, strict=True):
-        run_cfg = cfg.merge(dict(config), {"algorithm": section})
+    run_cfgs = [run_config_of(config, s) for s in sections]   # every entry checked first
+    for label, run_cfg in zip(labels, run_cfgs, strict=True):
         summaries[label] = run_config(run_cfg, out / label, federation=federation)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(cfg.dump(config))

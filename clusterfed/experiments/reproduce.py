@@ -30,7 +30,7 @@ import numpy as np
 
 from clusterfed import config as cfg
 from clusterfed.errors import ConfigError
-from clusterfed.experiments.compare import algorithm_sections
+from clusterfed.experiments.compare import algorithm_sections, run_config_of
 from clusterfed.run_folder import read_config
 from clusterfed.sim.simulation import build_federation_for, resume_run, run_config
 
@@ -143,12 +143,14 @@ def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
     runs = runs_of(config, names)
     out = Path(out_dir)
     measured: dict[str, list[dict[str, float]]] = {label: [] for label, _ in runs}
+    protocols: dict[str, str] = {}   # each run's eval.protocol (a compare entry may set its own)
     for seed in seed_list:
         seeded = cfg.merge(dict(config), {"seed": int(seed)})
         federation = build_federation_for(seeded, data_dir)   # one federation per seed
         for label, algorithm in runs:
             folder = out / label / f"seed-{seed}"
-            run_cfg = cfg.merge(seeded, {"algorithm": algorithm})
+            run_cfg = run_config_of(seeded, algorithm)
+            protocols[label] = str(run_cfg["eval"]["protocol"])
             summary = _run_one(run_cfg, folder, federation, data_dir)
             measured[label].append(figures(summary))
             if progress is not None:
@@ -156,7 +158,7 @@ def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
                 progress(f"{label} seed {seed}: {f['own']:.2f} % (own), "
                          f"{f['cluster']:.2f} % (cluster), {int(f['clusters'])} clusters, "
                          f"{f['seconds']:.0f} s")
-    result = summarise(config, measured, seed_list)
+    result = summarise(config, measured, seed_list, protocols)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(cfg.dump(config))
     (out / "reproduce.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -165,7 +167,8 @@ def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
 
 
 def summarise(config: Mapping[str, Any], measured: Mapping[str, Sequence[Mapping[str, float]]],
-              seeds: Sequence[int]) -> dict[str, Any]:
+              seeds: Sequence[int], protocols: Mapping[str, str] | None = None
+              ) -> dict[str, Any]:
     section = config.get("reproduce", {})
     paper = {k: paper_figure(k, v) for k, v in dict(section.get("paper", {})).items()}
     protocol_of = dict(section.get("paper_protocol", {}))
@@ -174,6 +177,9 @@ def summarise(config: Mapping[str, Any], measured: Mapping[str, Sequence[Mapping
         stats = {key: mean_std([r[key] for r in runs])
                  for key in ("own", "cluster", "ari", "clusters", "seconds")}
         row: dict[str, Any] = {"label": label, **stats, "runs": list(runs)}
+        if protocols and protocols.get(label, config["eval"]["protocol"]) \
+                != config["eval"]["protocol"]:
+            row["eval_protocol"] = protocols[label]   # the entry's own protocol
         if label in paper:
             protocol = protocol_of.get(label, "own")
             row.update(paper=paper[label], paper_protocol=protocol,
@@ -192,12 +198,15 @@ def markdown(result: Mapping[str, Any]) -> str:
     lines = [f"Seeds {', '.join(str(s) for s in result['seeds'])}; mean ± std in %. `own`: "
              f"the `{result['eval_protocol']}` protocol's figure (each client's own model "
              f"where the protocol is `local`); `cluster`: each client's served model. The "
-             f"verdict compares the paper's figure with ours under the protocol named.", "",
+             f"verdict compares the paper's figure with ours under the protocol named; a "
+             f"protocol after an algorithm is that run's own (its compare entry's eval).", "",
              "| algorithm | paper | own | cluster | ARI | clusters | seconds | verdict |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for row in result["rows"]:
         paper = (f"{_pm(row['paper'])} ({row['paper_protocol']})" if "paper" in row else "")
-        lines.append(f"| {row['label']} | {paper} | {_pm(row['own'])} | {_pm(row['cluster'])} "
+        label = row["label"] + (f" (`{row['eval_protocol']}`)" if "eval_protocol" in row
+                                else "")
+        lines.append(f"| {label} | {paper} | {_pm(row['own'])} | {_pm(row['cluster'])} "
                      f"| {_pm(row['ari'], 3)} | {_pm(row['clusters'], 1)} | "
                      f"{_pm(row['seconds'], 0)} | {row.get('verdict', '')} |")
     return "\n".join(lines) + "\n"

@@ -173,7 +173,8 @@ def expected_shapes(task: ClientTask, num_samples: int = 0) -> dict[str, tuple[i
 
     An update or gradient has the model's size; per-model losses and accuracies one entry per
     model row of `params` (per-sample losses: one row per model, one column per training
-    sample the result counts). Kinds not listed here are checked for finiteness only.
+    sample the result counts; a mixture evaluation: one figure, the mixture's). Kinds not
+    listed here are checked for finiteness only.
     """
     models = task.params.shape[0] if task.params.ndim == 2 else 1
     size = (task.params.shape[-1],)
@@ -184,6 +185,8 @@ def expected_shapes(task: ClientTask, num_samples: int = 0) -> dict[str, tuple[i
                 **({"labels": (num_samples,)} if task.loss.labels else {})}
     if task.kind is TaskKind.LOSSES:
         return {"losses": (models,)}
+    if task.kind is TaskKind.EVALUATE and task.mixture is not None:   # the mixture's figures
+        return {"losses": (1,), "accuracies": (1,)}
     if task.kind is TaskKind.EVALUATE:
         return {"losses": (models,), "accuracies": (models,)}
     return {}

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from clusterfed.algorithms.base import ClusterView
+from clusterfed.errors import ConfigError
 from clusterfed.sim.evaluation import evaluated_mean, round_record
 from clusterfed.tasks import ClientResult, ClientTask, TaskKind, TrainSpec
 
@@ -272,10 +273,54 @@ class BestOfPath:
         return record
 
 
+def no_mixture_message(algorithm: str) -> str:
+    return (f"eval.protocol=mixture needs a method with mixture weights (fedem, fedrc); "
+            f"{algorithm} serves one model per client")
+
+
+def mixture_tasks(view: ClusterView, part: str) -> list[ClientTask]:
+    """Each client's EVALUATE task of its mixture: the view's models it weighs, stacked, with
+    its weights. A model of weight 0 is not sent (fewer bytes, the same mixture); clients that
+    weigh the same models share one array (with every model: the view's own, no copy)."""
+    if view.weights is None:
+        raise ConfigError(no_mixture_message("this algorithm"))
+    stacks: dict[tuple[int, ...], np.ndarray] = {}
+    tasks = []
+    for c, row in enumerate(np.asarray(view.weights, dtype=np.float64)):
+        kept = tuple(np.flatnonzero(row > 0).tolist())
+        if kept not in stacks:
+            stacks[kept] = view.models if len(kept) == len(view.models) else \
+                view.models[list(kept)]
+        weights = row[list(kept)]
+        tasks.append(ClientTask(c, TaskKind.EVALUATE, stacks[kept], meta={"part": part},
+                                mixture=weights / weights.sum()))
+    return tasks
+
+
+class Mixture:
+    """'mixture' (FedEM's and FedRC's prediction): each client tested with its mixture
+    p(y | x) = sum_m w_c,m p(y | x, theta_m) of the view's models, weighted by the view's
+    mixture weights; the client computes it (the server sees its loss and accuracy only).
+    The served models' figures too (`served_mean_accuracy`). Methods without mixture weights
+    are refused (ConfigError)."""
+
+    def plan(self, ev: EvalContext, done: Sequence[Pairs]) -> list[ClientTask] | None:
+        if done:
+            return None
+        return mixture_tasks(ev.view, "mixture") + served_tasks(ev, None, "served")
+
+    def score(self, ev: EvalContext, done: Sequence[Pairs]) -> dict[str, Any]:
+        record = round_record(figures(ev, done[0], "mixture"), ev.view, ev.true_clusters,
+                              ev.target_accuracy)
+        record["served_mean_accuracy"] = evaluated_mean(figures(ev, done[0], "served")[:, 1])
+        return record
+
+
 PROTOCOLS: dict[str, EvaluationProtocol] = {
     "cluster": Served(local=False),
     "local": Served(local=True),
     "sampled_local": SampledLocal(),
     "min_test_loss": LeastTestLoss(),
     "best_of_path": BestOfPath(),
+    "mixture": Mixture(),
 }

@@ -30,7 +30,14 @@ from clusterfed.sim.build import (  # noqa: F401 (the building helpers, imported
     train_spec,
 )
 from clusterfed.sim.executor import Executor
-from clusterfed.sim.protocols import ADAPTATION_STEP, PROTOCOLS, EvalContext, Pairs, run_protocol
+from clusterfed.sim.protocols import (
+    ADAPTATION_STEP,
+    PROTOCOLS,
+    EvalContext,
+    Pairs,
+    no_mixture_message,
+    run_protocol,
+)
 from clusterfed.sim.sampling import sample_clients
 from clusterfed.tasks import ClientResult, ClientTask, TaskKind, match_results, numbered
 
@@ -193,6 +200,10 @@ class Simulation:
     def _run(self, resume: bool) -> dict[str, Any]:
         rounds = self.config["train"]["rounds"]
         state, start, elapsed, last_assignment = self.algorithm.init(self.setup), 0, 0.0, None
+        if self.config["eval"]["protocol"] == "mixture" and \
+                self.algorithm.clusters(state).weights is None:
+            # Refused before round 1, not at the first evaluation.
+            raise ConfigError(no_mixture_message(str(self.config["algorithm"]["name"])))
         if resume:
             if self.folder is None:
                 raise ConfigError("resuming needs the run folder")

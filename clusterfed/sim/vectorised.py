@@ -19,9 +19,9 @@ Equality with the sequential executor (`client.work.train`), to float tolerance:
 Models with batch-norm statistics, dropout or recurrent layers, and tasks carrying training
 extras this executor does not know (any non-default field beyond the plain TrainSpec, or a
 non-scalar meta value), run on the sequential path with a logged notice, as do GRADIENT
-tasks and single-model evaluations. LOSSES and EVALUATE tasks with several models run as one
-vmap over the models (`client.batched.evaluate_models`); a LOSSES task's LossSpec picks its data
-as `client.work.loss_data` does, from the same seeded generator.
+tasks, single-model evaluations and mixture evaluations. LOSSES and EVALUATE tasks with
+several models run as one vmap over the models (`client.batched.evaluate_models`); a LOSSES
+task's LossSpec picks its data as `client.work.loss_data` does, from the same seeded generator.
 """
 
 from __future__ import annotations
@@ -97,6 +97,8 @@ def _is_default(value: Any, f: dataclasses.Field) -> bool:
 
 def task_obstacle(task: ClientTask) -> str | None:
     """Why `task` must run sequentially (training extras this executor does not know), or None."""
+    if task.mixture is not None:   # one mixture of k models: run_task's, model after model
+        return "mixture evaluations"
     for f in dataclasses.fields(task):
         if f.name not in PLAIN_TASK_FIELDS and not _is_default(getattr(task, f.name), f):
             return f"task field {f.name!r}"

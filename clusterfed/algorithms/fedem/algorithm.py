@@ -25,10 +25,10 @@ Deviations, and why:
   mathematics are the same; the server sees n_t losses per component that the paper's client
   keeps.
 - Prediction. The paper's client predicts with its mixture sum_m pi_t,m p(y | x, theta_m);
-  `clusters()` serves each client its most probable component, argmax_m pi_t,m, so the
-  evaluation here is of the served component, not of the mixture (which would need every
-  component's per-sample outputs at test time; not offered). The mixture weights are in the
-  state (`pi`) and in each round's `fedem_weights` event.
+  `clusters()` serves each client its most probable component, argmax_m pi_t,m, which the
+  evaluation protocols 'cluster' and 'local' test. The view carries pi as its mixture
+  weights: `eval.protocol: mixture` tests the paper's prediction (each client computes its
+  mixture on its own test data). The weights are also in each round's `fedem_weights` event.
 - M from the data (`components: null`, the default; the paper fixes M = 3): one model is
   trained by FedAvg for `select_round` rounds, then every client trains it once and the
   updates are clustered by the rule IFCA's `k: null` uses (`selection.clusters_of_updates`,
@@ -208,7 +208,10 @@ class FedEM:
         return self._maximise(state, results)
 
     def clusters(self, state: MixtureState) -> ClusterView:
-        return ClusterView(state.models, np.argmax(state.pi, axis=1).astype(np.int64))
+        # The mixture weights too: the evaluation protocol 'mixture' tests the paper's
+        # prediction sum_m pi_t,m p(y | x, theta_m).
+        return ClusterView(state.models, np.argmax(state.pi, axis=1).astype(np.int64),
+                           weights=state.pi.copy())
 
     # The steps
 

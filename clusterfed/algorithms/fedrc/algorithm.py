@@ -30,14 +30,14 @@ Deviations, and why:
   has no count of would otherwise divide by 0 (the paper leaves it undefined; the authors'
   FedRC-Adam variant adds one).
 - The number of clusters K from the data by default, as FedEM's components (the paper fixes
-  K); the served model is argmax_k omega_i,k (the paper's client predicts with its
-  mixture). The selection clusters updates of one model, which also separate label shift;
-  FedRC's E-step may then merge what the selection split by labels alone: on the quick
-  benchmark (digits, 20 clients, 40 rounds, seed 0) the four label groups ended in one
-  component while label swap and rotation kept four; in the 8-client, 8-round toy they
-  stayed apart. `components: K` with random starts is the paper's setting: there
-  label-shifted clients share their components from the start (the test shows two label
-  groups in one cluster where FedEM splits them).
+  K); the served model is argmax_k omega_i,k; the paper's client predicts with its mixture,
+  which `eval.protocol: mixture` tests (the view carries omega). The selection clusters
+  updates of one model, which also separate label shift; FedRC's E-step may then merge what
+  the selection split by labels alone: on the quick benchmark (digits, 20 clients, 40
+  rounds, seed 0) the four label groups ended in one component while label swap and rotation
+  kept four; in the 8-client, 8-round toy they stayed apart. `components: K` with random
+  starts is the paper's setting: there label-shifted clients share their components from the
+  start (the test shows two label groups in one cluster where FedEM splits them).
 
 What it can see: concept shift only, by design.
 """
