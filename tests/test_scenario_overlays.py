@@ -247,3 +247,46 @@ def test_corrupted_clusters_drift_to_the_new_clusters_corruption(digits):
                                     "drift": {"round": 2, "clients": [0]}}, 0)
     before, after = fed.clients[0].test_x, fed.at_round(2).clients[0].test_x
     assert after.std() < 0.5 * before.std()             # contrast 0.15 of the clean images
+
+
+def original_labels(dataset_x: np.ndarray, dataset_y: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Each image's label in the dataset, found by its pixels (digits has no duplicate image)."""
+    label_of = {xi.tobytes(): int(yi) for xi, yi in zip(dataset_x, dataset_y, strict=True)}
+    return np.array([label_of[xi.tobytes()]
+                     for xi in np.rint(x * 255).astype(np.uint8)], dtype=np.int64)
+
+
+def swapped(y: np.ndarray, pair: list[int]) -> np.ndarray:
+    a, b = pair
+    return np.where(y == a, b, np.where(y == b, a, y))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_benchmarks_label_swap_noisy_keeps_the_swap_clusters_as_its_truth(digits, seed):
+    """Brute force from the images: each client's labels against the dataset's. The swap
+    groups are the truth, 2 of each group's 5 clients have exactly round(0.3 n) training
+    labels off their group's swap, the rest and every test label are swapped and clean."""
+    fed = build_federation(digits, bench.cell_config("digits", "label_swap_noisy", seed,
+                                                     "ifca")["scenario"], seed)
+    pairs = fed.info["pairs"]
+    assert len({v for pair in pairs for v in pair}) == 8             # 4 disjoint pairs
+    # The swap each client's test labels show is its true cluster.
+    shown = []
+    for c in fed.clients:
+        test_orig = original_labels(digits.test_x, digits.test_y, c.test_x)
+        fits = [j for j, pair in enumerate(pairs)
+                if np.array_equal(c.test_y, swapped(test_orig, pair))]
+        assert len(fits) == 1
+        shown.append(fits[0])
+    assert fed.true_clusters.tolist() == shown == np.repeat(np.arange(4), 5).tolist()
+    # Training labels off the client's own swap: none, or round(0.3 n) on the noisy clients.
+    off = []
+    for c, j in zip(fed.clients, shown, strict=True):
+        train_orig = original_labels(digits.train_x, digits.train_y, c.train_x)
+        off.append(int((c.train_y != swapped(train_orig, pairs[j])).sum()))
+        assert off[-1] in (0, int(round(0.3 * len(c.train_y))))
+    noisy = (np.array(off) > 0).astype(np.int64)
+    assert fed.groupings["label_noise"].tolist() == noisy.tolist()
+    assert np.bincount(fed.true_clusters, weights=noisy).tolist() == [2, 2, 2, 2]
+    assert fed.info["label_noise"]["rate"] == 0.3
+    assert fed.info["label_noise"]["noisy_clients"] == np.flatnonzero(noisy).tolist()
