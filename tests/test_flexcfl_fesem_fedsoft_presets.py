@@ -3,6 +3,7 @@ fedsoft.md): both scales exist, resolve, and every algorithm they compare builds
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from clusterfed import config as cfg
@@ -41,3 +42,17 @@ def test_the_small_twin_differs_only_in_scale(base):
     assert full["algorithm"]["name"] == small["algorithm"]["name"]
     assert small["scenario"]["clients"] <= full["scenario"]["clients"]
     assert small["train"]["rounds"] < full["train"]["rounds"]
+
+
+@pytest.mark.parametrize("name", ["flexcfl-mnist", "flexcfl-mnist-small"])
+def test_flexcfl_presets_use_fedprox_mnist_label_rule(name):
+    """FedProx's MNIST (data/mnist/generate_niid.py): user u holds digits u and u + 1 mod 10,
+    so only the 10 consecutive pairs occur (not 2 random digits: 45 pairs). Built on sklearn's
+    digits with the preset's scenario at 20 clients."""
+    from clusterfed.data import build_federation, load_dataset
+
+    scenario = {**cfg.resolve(name)["scenario"], "clients": 20}
+    scenario.pop("samples_per_client", None)
+    fed = build_federation(load_dataset("digits"), scenario, 0)
+    pairs = {frozenset(np.unique(c.train_y).tolist()) for c in fed.clients}
+    assert pairs == {frozenset({d, (d + 1) % 10}) for d in range(10)}

@@ -23,17 +23,19 @@ def summaries(preset: str, names: list[str], shared_data: Path, out: Path) -> di
     return compare(config, out, names, data_dir=str(shared_data))["summaries"]
 
 
-def test_flexcfl_small_keeps_three_groups_and_inter_group_rate_helps(shared_data: Path,
-                                                                     tmp_path: Path):
-    """flexcfl-mnist-small, seed 0: FlexCFL's group cold start fills all m = 3 groups and they
-    stay apart (3 clusters at the end); eta_g = 0.1 serves the clients better than eta_g = 0
-    (measured: 83.30 against 80.74; FedAvg 85.85, so the abstract's gain over FeSEM is not
-    reproduced at this scale, docs/reproductions/flexcfl.md)."""
-    runs = summaries("flexcfl-mnist-small", ["flexcfl", "flexcfl-eta0.1"], shared_data, tmp_path)
-    flexcfl, mixed = runs["flexcfl"], runs["flexcfl-eta0.1"]
+def test_flexcfl_small_keeps_three_groups_and_beats_fedavg_and_fesem(shared_data: Path,
+                                                                    tmp_path: Path):
+    """flexcfl-mnist-small (FedProx's rule, digits u and u + 1 mod 10), seed 0: FlexCFL's group
+    cold start fills all m = 3 groups and they stay apart (3 clusters at the end), and the
+    groups serve the clients >= 8 points better than FedAvg and FeSEM (the abstract's gain
+    over FeSEM; measured: 87.81 against FedAvg 74.83 and FeSEM 73.42,
+    docs/reproductions/flexcfl.md "Why FlexCFL is below FedAvg here")."""
+    runs = summaries("flexcfl-mnist-small", ["fedavg", "fesem", "flexcfl"], shared_data,
+                     tmp_path)
+    flexcfl = runs["flexcfl"]
     assert flexcfl["clustering"]["n_clusters"] == 3
-    assert flexcfl["final"]["mean_accuracy"] >= 0.78
-    assert mixed["final"]["mean_accuracy"] >= flexcfl["final"]["mean_accuracy"] + 0.01
+    for baseline in ("fedavg", "fesem"):
+        assert flexcfl["final"]["mean_accuracy"] >= runs[baseline]["final"]["mean_accuracy"] + 0.08
 
 
 def test_fedsoft_small_finds_both_sources_and_beats_one_model(shared_data: Path,
