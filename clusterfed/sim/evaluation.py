@@ -14,7 +14,8 @@ log = logging.getLogger("clusterfed")
 
 
 def evaluated_mean(values: np.ndarray) -> float:
-    """The mean over the clients evaluated (NaN: a client a remote runtime could not reach)."""
+    """The mean over the clients evaluated (NaN: a client a remote runtime could not reach, or
+    one without test data)."""
     kept = values[~np.isnan(values)]
     return float(kept.mean()) if len(kept) else float("nan")
 
@@ -35,9 +36,10 @@ def round_record(per_client: np.ndarray, view: ClusterView, true_clusters: np.nd
     """Accuracy and clustering figures of one evaluation, JSON-ready.
 
     With a target accuracy, also the share of clients at or above it (FL+HC's second metric).
-    A client a remote runtime could not evaluate has NaN figures: the means are over the
-    clients evaluated, and `unevaluated_clients` lists the others. Without a truth, `ari`,
-    `nmi` and `per_true_cluster_accuracy` are None (null in metrics.jsonl).
+    A client a remote runtime could not evaluate, or one without test data, has NaN figures:
+    the means are over the clients evaluated, and `unevaluated_clients` lists the others.
+    Without a truth, `ari`, `nmi` and `per_true_cluster_accuracy` are None (null in
+    metrics.jsonl).
     """
     acc = per_client[:, 1]
     found = view.assignment
