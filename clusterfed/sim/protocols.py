@@ -92,13 +92,18 @@ def served_tasks(ev: EvalContext, own: Mapping[int, np.ndarray] | None, part: st
     return tasks + [_task(c, params, part) for c, params in own.items()]
 
 
+def has_figures(result: ClientResult) -> bool:
+    """A result that scored something: figures over at least one test sample (a client
+    without test data answers 0s over none, which would pull every mean down)."""
+    return result.losses is not None and result.num_samples > 0
+
+
 def figures(ev: EvalContext, pairs: Pairs, part: str) -> np.ndarray:
     """(loss, accuracy) per client from the pairs of one part; NaN where none answered or the
-    client holds no test sample (nothing was scored: its 0 would pull every mean down)."""
+    client holds no test sample."""
     out = np.full((ev.n, 2), np.nan)
     for task, result in pairs:
-        if task.meta.get("part") == part and result.losses is not None \
-                and result.num_samples > 0:
+        if task.meta.get("part") == part and has_figures(result):
             out[task.client] = (result.losses[0], result.accuracies[0])
     return out
 
@@ -215,8 +220,7 @@ class LeastTestLoss:
     def score(self, ev: EvalContext, done: Sequence[Pairs]) -> dict[str, Any]:
         scores = np.full((len(ev.view.models), ev.n, 2), np.nan)
         for task, result in done[0]:
-            if task.meta.get("part") == "model" and result.losses is not None \
-                    and result.num_samples > 0:
+            if task.meta.get("part") == "model" and has_figures(result):
                 scores[int(task.meta["k"]), task.client] = (result.losses[0],
                                                             result.accuracies[0])
         chosen_figures, chosen = least_loss(scores)

@@ -25,9 +25,9 @@ def apply_updates(model: np.ndarray, results: Sequence[ClientResult], weighting:
     """w <- w + eta * sum_k (n_k / n) Delta_k over the results' updates."""
     if not results:
         return model
-    updates = np.stack([r.update for r in results])
     weights = aggregation_weights(np.array([r.num_samples for r in results]), weighting)
-    return (model + server_lr * weighted_mean(updates, weights)).astype(np.float32)
+    mean = weighted_mean([r.update for r in results], weights)
+    return (model + server_lr * mean).astype(np.float32)
 
 
 @ALGORITHMS.register("fedavg")

@@ -243,7 +243,7 @@ class LCFL:
         if not results:
             return state
         weights = aggregation_weights(np.array([r.num_samples for r in results]), self.weighting)
-        mean = weighted_mean(np.stack([r.update for r in results]), weights)
+        mean = weighted_mean([r.update for r in results], weights)
         return replace(state, models=(state.models + mean[None]).astype(np.float32))
 
     def _warmed_up(self, state: LCFLState, results: Sequence[ClientResult]) -> LCFLState:

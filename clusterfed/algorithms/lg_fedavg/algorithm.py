@@ -103,7 +103,7 @@ class LGFedAvg:
             local[r.client] = trained[~state.shared]   # kept on the client, never averaged
             heads.append(trained[state.shared])
         weights = aggregation_weights(np.array([r.num_samples for r in results]), self.weighting)
-        return Update(replace(state, head=weighted_mean(np.stack(heads), weights), local=local))
+        return Update(replace(state, head=weighted_mean(heads, weights), local=local))
 
     def clusters(self, state: LGState) -> ClusterView:
         models = np.empty((len(state.local), len(state.shared)), dtype=np.float32)
