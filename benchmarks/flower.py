@@ -13,6 +13,12 @@ this process and all its descendants (Ray's raylet and actors, clusterfed's work
 /proc. The two sides take turns, A B then B A, `--repeats` times, in one sitting.
 Needs `flwr[simulation]==1.41.0`; without it, prints a skip line.
 
+The bound: the round's FLOPs (10 clients' steps, forward and backward), the float32 matmul
+peak, and torch's kernel floor: the CPU seconds of the round's training in the textbook loop
+(the one Flower's clients run) at one thread, best of 3, divided by the cores. Both sides run
+these kernels, so `flower s/round / floor` is the most any implementation on them could gain
+over Flower here.
+
     python benchmarks/flower.py [--rounds N] [--repeats R] [--batch-size B]
 """
 
@@ -28,9 +34,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from common import machine, mnist
+from common import machine, mnist, textbook_epoch
+from round_time import matmul_peak_gflops, train_flops_per_image
 
-from clusterfed.data import build_federation
+from clusterfed.data import Federation, build_federation
+from clusterfed.models import FlatModel, build_model
 from clusterfed.sim.simulation import Simulation
 
 SEED = 0
@@ -66,11 +74,51 @@ def now() -> Stamp:
     return time.perf_counter(), descendants_cpu()
 
 
-def ours(rounds: int, batch: int) -> list[Stamp]:
+def iid_federation() -> Federation:
     dataset, _ = mnist()
-    federation = build_federation(dataset, {"kind": "iid", "clients": CLIENTS,
-                                            "samples_per_client": PER_CLIENT,
-                                            "test_samples_per_client": 1}, SEED)
+    return build_federation(dataset, {"kind": "iid", "clients": CLIENTS,
+                                      "samples_per_client": PER_CLIENT,
+                                      "test_samples_per_client": 1}, SEED)
+
+
+def round_flops(federation: Federation, batch: int) -> float:
+    """FLOPs of one round's training: PER_ROUND clients, one epoch each."""
+    c = federation.clients[0]
+    x, y = torch.from_numpy(c.train_x[:batch]), torch.from_numpy(c.train_y[:batch])
+    model = FlatModel(build_model("fedavg_cnn", federation.input_shape, federation.n_classes))
+    return train_flops_per_image(model, x, y) * PER_CLIENT * PER_ROUND
+
+
+def kernel_floor(federation: Federation, batch: int, repeats: int = 3) -> float:
+    """CPU seconds of one round's training (PER_ROUND clients, the textbook loop, plain SGD)
+    at one thread, best of `repeats`: torch's kernels with next to nothing around them."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(SEED)
+        module = build_model("fedavg_cnn", federation.input_shape, federation.n_classes)
+        start = {k: v.clone() for k, v in module.state_dict().items()}
+        data = [(torch.from_numpy(c.train_x), torch.from_numpy(c.train_y))
+                for c in federation.clients[:PER_ROUND]]
+
+        def one_round() -> None:
+            for x, y in data:
+                module.load_state_dict(start)
+                textbook_epoch(module, torch.optim.SGD(module.parameters(), lr=LR), x, y, batch)
+
+        one_round()   # warm-up
+        best = float("inf")
+        for _ in range(repeats):
+            cpu = time.process_time()
+            one_round()
+            best = min(best, time.process_time() - cpu)
+        return best
+    finally:
+        torch.set_num_threads(before)
+
+
+def ours(rounds: int, batch: int) -> list[Stamp]:
+    federation = iid_federation()
     stamps = [now()]
 
     def stamp(completed: int, record: Any) -> bool:
@@ -99,8 +147,6 @@ def flower(rounds: int, batch: int) -> list[Stamp]:
         [str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])
     sys.path.insert(0, str(HERE))
     from flower_apps import app as client_app
-
-    from clusterfed.models import build_model
 
     stamps: list[Stamp] = []
     server = ServerApp()
@@ -174,6 +220,18 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.fmean(walls[side]):>7.3f} {statistics.median(cpus_used[side]):>11.3f}")
     a, b = statistics.median(walls["clusterfed"]), statistics.median(walls["flower (ray)"])
     print(f"flower / clusterfed: {b / a:.2f}x in wall time (medians; issue 18's goal >= 1.5x)")
+    federation = iid_federation()
+    flops = round_flops(federation, args.batch_size)
+    floor = kernel_floor(federation, args.batch_size) / cpus
+    peak = matmul_peak_gflops(5)
+    print(f"bound: {flops / 1e9:.2f} GFLOP a round; float32 matmul peak {peak:.0f} GFLOP/s "
+          f"with {cpus} thread(s) ({flops / peak / 1e9:.3f} s a round); torch's kernel floor "
+          f"(textbook loop, 1 thread, best of 3) / {cpus} core(s): {floor:.3f} s a round")
+    for side, wall in (("clusterfed", a), ("flower (ray)", b)):
+        print(f"  {side}: {wall / floor:.2f}x the floor, {flops / wall / 1e9 / peak:.1%} of the "
+              f"matmul peak")
+    print(f"the most any implementation on these kernels could gain over Flower here: "
+          f"{b / floor:.2f}x")
     return 0
 
 

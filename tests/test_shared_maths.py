@@ -11,7 +11,7 @@ from clusterfed.algorithms.aggregate import cluster_fedavg, results_fedavg
 from clusterfed.algorithms.fedavg.algorithm import apply_updates
 from clusterfed.algorithms.pacfl.algorithm import PACFL
 from clusterfed.client import ClientResult, TaskKind, TrainSpec
-from clusterfed.client.sgd import clip_by_norm, sgd_step
+from clusterfed.client.sgd import clip_by_norm, sgd_step, sgd_step_
 from clusterfed.clustering import hierarchical as hc
 from clusterfed.clustering import precomputed as pc
 from clusterfed.clustering.precomputed import first_appearance_labels
@@ -126,6 +126,28 @@ def test_sgd_step_by_hand():
                              prox_mu=2.0, anchor=torch.zeros(2), correction=torch.ones(2))
     torch.testing.assert_close(velocity, torch.tensor([5.0, 8.0]))   # [3, 4] + 2 [1, 2]
     torch.testing.assert_close(new, torch.tensor([-5.0, -7.0]))       # w - (v + 1)
+
+
+@pytest.mark.parametrize("spec, prox, correct", [
+    (TrainSpec(lr=0.1, batch_size=1), 0.0, False),
+    (TrainSpec(lr=0.1, batch_size=1, momentum=0.9, weight_decay=0.01, clip_grad_norm=1.0),
+     0.3, True),
+    (TrainSpec(lr=0.05, batch_size=1, momentum=0.5), 0.0, True),
+])
+def test_sgd_step_in_place_is_the_same_bits(spec, prox, correct):
+    # The sequential loop's in-place step against the pure one, over steps that carry the
+    # momentum buffer: equal bit for bit (same kernels on the same values).
+    gen = torch.Generator().manual_seed(1)
+    w0, anchor, correction = (torch.randn(1000, generator=gen) for _ in range(3))
+    grads = [torch.randn(1000, generator=gen) * 3 for _ in range(4)]
+    options = {"prox_mu": prox, "anchor": anchor, "correction": correction if correct else None}
+    w, v = w0.clone(), None
+    w_, v_ = w0.clone(), None
+    for g in grads:
+        w, v = sgd_step(w, g.clone(), v, spec, **options)
+        v_ = sgd_step_(w_, g.clone(), v_, spec, **options)
+        assert torch.equal(w, w_)
+        assert (v is None) == (v_ is None) and (v is None or torch.equal(v, v_))
 
 
 def test_clip_by_norm_by_hand():

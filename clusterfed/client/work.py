@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from clusterfed.algorithms.pacfl.principal_angles import client_signature
-from clusterfed.client.sgd import sgd_step
+from clusterfed.client.sgd import sgd_step, sgd_step_
 from clusterfed.models.flat import FlatModel
 from clusterfed.tasks import (
     ClientResult,
@@ -73,7 +73,7 @@ def train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tens
     n = len(y)
     batch = min(spec.batch_size, n)
     per_epoch = math.ceil(n / batch)
-    w = params.detach().clone()
+    w = params.detach().clone().requires_grad_(True)
     velocity: torch.Tensor | None = None
     total = 0.0
     steps = spec.num_steps(n)
@@ -81,16 +81,16 @@ def train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tens
         if step % per_epoch == 0:
             order = torch.randperm(n, generator=generator)
         idx = order[(step % per_epoch) * batch:(step % per_epoch + 1) * batch]
-        w.requires_grad_(True)
         if weights is None:
             loss = F.cross_entropy(model(w, x[idx]), y[idx])
         else:   # the mean of w_j * loss_j over the batch: an unbiased step on (1/n) sum w l
             loss = (weights[idx] * per_sample_loss(model(w, x[idx]), y[idx])).mean()
         (grad,) = torch.autograd.grad(loss, w)
-        w, velocity = sgd_step(w.detach(), grad, velocity, spec, prox_mu=mu, anchor=anchor,
-                               correction=correction)
+        with torch.no_grad():
+            velocity = sgd_step_(w, grad, velocity, spec, prox_mu=mu, anchor=anchor,
+                                 correction=correction)
         total += loss.detach().item()
-    return w - params, total / steps
+    return w.detach() - params, total / steps
 
 
 def batch_stream(n: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
