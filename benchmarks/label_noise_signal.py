@@ -10,7 +10,9 @@ records those updates and prints, per run:
 - the mean cosine similarity of two clients' updates, same swap group (`in`) and other groups
   (`out`), for clean-clean, clean-noisy and noisy-noisy pairs;
 - each true cluster's mean silhouette under the cosine distances: the weakest must reach the
-  rule's floor (`NO_STRUCTURE`, 0.25) for the true clustering to be accepted at all;
+  rule's floor (`NO_STRUCTURE`, 0.25) for the true clustering to be accepted at all; and
+  under L2 distances, which FeSEM's rule uses (between local models w + u_i, the distances
+  between updates);
 - the ARI of the average-linkage tree's 4-cluster cut (is the truth in the tree?);
 - the noisy clients' mean update norm over the clean clients' (what distances between models,
   not angles between updates, see: FeSEM's K-means on local models);
@@ -37,7 +39,11 @@ from scipy.spatial.distance import squareform
 from sklearn.metrics import adjusted_rand_score, silhouette_samples
 
 from clusterfed.clustering.precomputed import NO_STRUCTURE
-from clusterfed.clustering.similarity import cosine_distance_matrix, cosine_similarity_matrix
+from clusterfed.clustering.similarity import (
+    cosine_distance_matrix,
+    cosine_similarity_matrix,
+    euclidean_distance_matrix,
+)
 from clusterfed.data import build_federation, load_dataset
 from clusterfed.experiments.benchmark import cell_config
 from clusterfed.sim.simulation import Simulation
@@ -111,6 +117,8 @@ def measure(rate: float, seed: int, digits: Any) -> dict[str, Any]:
             "cosine": pair_means(cosine_similarity_matrix(updates), true, noisy),
             "true_cluster_silhouettes": silhouettes,
             "weakest_reaches_floor": min(silhouettes) >= NO_STRUCTURE,
+            "true_cluster_silhouettes_l2": true_cluster_silhouettes(
+                euclidean_distance_matrix(updates), true),
             "tree_4_cut_ari": round(float(adjusted_rand_score(true, cut)), 3),
             "noisy_over_clean_norm": (round(float(norms[noisy == 1].mean()
                                                   / norms[noisy == 0].mean()), 3)),
