@@ -145,3 +145,41 @@ def test_the_selection_round_starts_each_centre_at_its_clusters_mean():
     np.testing.assert_array_equal(upd.state.assignment, [0, 1, 0, 1])
     # Centres: w + the mean update of each cluster, w = (1, 1).
     np.testing.assert_allclose(upd.state.centres, [[1.0, 1.5], [10.5, 11.5]])
+
+
+def swap_like_updates(within: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """4 groups of 5 updates of one norm, cosine about `within` inside a group and 0 across:
+    the geometry of the benchmark's MNIST label swap (docs/benchmark.md)."""
+    rng = np.random.default_rng(seed)
+    truth = np.repeat(np.arange(4), 5)
+    shared = np.linalg.qr(rng.normal(size=(400, 4)))[0].T            # 4 orthonormal directions
+    noise = rng.normal(size=(20, 400))
+    noise /= np.linalg.norm(noise, axis=1, keepdims=True)
+    updates = np.sqrt(within) * shared[truth] + np.sqrt(1 - within) * noise
+    return updates.astype(np.float32), truth
+
+
+def test_k_is_judged_on_squared_l2_so_equal_norm_groups_with_weak_cosines_are_found():
+    # Within-group cosine 0.45: cosine silhouettes about 0.45, L2 ones (sqrt of the cosine
+    # distance) about 0.25 or below. FeSEM's rule scores K on squared L2, K-means' own
+    # dissimilarity, and finds the 4 groups; pure noise stays one cluster.
+    from sklearn.metrics import silhouette_samples
+
+    from clusterfed.clustering.precomputed import NO_STRUCTURE
+
+    updates, truth = swap_like_updates(0.45)
+    l2 = euclidean_distance_matrix(updates)
+    weakest_l2 = min(silhouette_samples(l2, truth, metric="precomputed")[truth == c].mean()
+                     for c in range(4))
+    assert weakest_l2 < NO_STRUCTURE   # what the rule on plain L2 distances saw
+    algo = FeSEM(select_round=0)
+    state = algo.init(Setup(20, np.zeros(400, np.float32), np.full(20, 10), 0))
+    ctx = RoundContext(0, np.arange(20), SPEC)
+    results = [ClientResult(c, TaskKind.TRAIN, 10, loss=0.1, update=u)
+               for c, u in enumerate(updates)]
+    found = algo.update(state, ctx, results).state.assignment
+    assert adjusted_rand_score(truth, found) == 1.0
+    noise, _ = swap_like_updates(0.0)
+    results = [ClientResult(c, TaskKind.TRAIN, 10, loss=0.1, update=u)
+               for c, u in enumerate(noise)]
+    assert algo.update(state, ctx, results).state.assignment.max() == 0
