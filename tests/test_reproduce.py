@@ -45,8 +45,13 @@ def test_runs_every_seed_and_tabulates_mean_and_std(tmp_path: Path, monkeypatch)
     assert "| fedavg | 50.00 ± 5.00 (own) |" in text
     # Rerun: every finished run is read back, none trained again.
     monkeypatch.setattr(rep, "run_config", lambda *a, **k: pytest.fail("ran again"))
-    again = rep.reproduce(small(), tmp_path)
+    lines: list[str] = []
+    again = rep.reproduce(small(), tmp_path, progress=lines.append)
     assert rep.markdown(again) == rep.markdown(result)
+    # Each run's line names its protocol's figure; no served-model figure was asked for.
+    first = rows["fedavg"]["runs"][0]["own"]
+    assert lines[0].startswith(f"fedavg seed 0: {first:.2f} % (cluster protocol), 1 clusters")
+    assert "nan" not in "".join(lines)
 
 
 def test_a_cut_off_run_resumes_and_another_config_is_refused(tmp_path: Path, monkeypatch):

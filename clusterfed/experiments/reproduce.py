@@ -22,6 +22,7 @@ or below the paper's error bar our mean lies.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -155,8 +156,10 @@ def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
             measured[label].append(figures(summary))
             if progress is not None:
                 f = measured[label][-1]
-                progress(f"{label} seed {seed}: {f['own']:.2f} % (own), "
-                         f"{f['cluster']:.2f} % (cluster), {int(f['clusters'])} clusters, "
+                also = ("" if math.isnan(f["cluster"])
+                        else f", {f['cluster']:.2f} % (served model)")
+                progress(f"{label} seed {seed}: {f['own']:.2f} % ({protocols[label]} "
+                         f"protocol){also}, {int(f['clusters'])} clusters, "
                          f"{f['seconds']:.0f} s")
     result = summarise(config, measured, seed_list, protocols)
     out.mkdir(parents=True, exist_ok=True)
