@@ -23,7 +23,9 @@ torch's, i.e. the usable cores):
   with `metric` in its place (their module's name is rebound; the file is not changed).
 - `clusterfed-auto`: `Simulation` with `run.executor=auto` (worker processes on a multi-core
   CPU), `run.threads` = the budget; `clusterfed-sequential`: the sequential executor;
-  `clusterfed-grouped`: the grouped executor (clients as one wider model; float-tolerance equal).
+  `clusterfed-grouped`: the grouped executor (clients as one wider model; float-tolerance equal);
+  `clusterfed-grouped-workers`: the grouped executor in one single-threaded worker process per
+  thread of the budget (`run.executor=grouped`, `run.workers`), each training its share.
   CFL with the same split rule (acceptance fixed with gamma_max 0, i.e. every split the norms
   allow, complete linkage, no split before round 21).
 - `bare`: a textbook PyTorch loop over the same tensors and the same steps (load the cluster
@@ -76,7 +78,8 @@ SEED = 0
 CLIENTS, CLUSTERS, TRAIN, TEST = 20, 4, 400, 100
 BATCH, LR, MOMENTUM, DECAY = 128, 0.1, 0.9, 0.99
 EPS_1, EPS_2, NO_SPLIT_BEFORE = 0.4, 1.6, 20   # the notebook's; its test is c_round > 20
-SIDES = ("authors", "clusterfed-auto", "clusterfed-sequential", "clusterfed-grouped", "bare")
+SIDES = ("authors", "clusterfed-auto", "clusterfed-sequential", "clusterfed-grouped",
+         "clusterfed-grouped-workers", "bare")
 FILES = ("fl_devices.py",)
 
 Clock = Callable[[], tuple[float, float]]
@@ -97,8 +100,9 @@ def workload_config(root: Path | None, rounds: int, executor: str, threads: int
                           "gamma_max": 0.0, "bipartition": "complete",
                           "warmup_rounds": NO_SPLIT_BEFORE, "weighting": "uniform"},
             "eval": {"protocol": "cluster", "every": 1},
-            "run": {"executor": executor, "threads": threads, "progress": False,
-                    "checkpoint_every": 0}}
+            "run": {"executor": executor.removesuffix("-workers"), "threads": threads,
+                    "workers": threads if executor.endswith("-workers") else None,
+                    "progress": False, "checkpoint_every": 0}}
 
 
 def model_fn(federation: Federation) -> Callable[[], torch.nn.Module]:

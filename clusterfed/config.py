@@ -51,7 +51,8 @@ DEFAULTS: dict[str, Any] = {
                                 # clients at once with torch.func.vmap), "grouped" (a round's
                                 # clients as one wider model, for CPUs), "processes" (one
                                 # single-threaded worker process per core)
-        "workers": None,        # processes: worker count (default: run.threads, else the cores)
+        "workers": None,        # processes: worker count (default: run.threads, else the cores);
+                                # grouped: 2 or more runs it in that many workers
     },
     "compare": {"algorithms": []},
     # `clusterfed sweep`: dotted keys -> value lists (see clusterfed/experiments/sweep.py).

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import numpy as np
 import pytest
 import torch
-from helpers import executor_pair, tiny_config, uneven_digits
+from helpers import EXECUTOR_SEED, executor_pair, tiny_config, uneven_digits
 from torch import nn
 
 from clusterfed.client.privacy import ParameterTransform
@@ -185,3 +186,55 @@ def test_auto_suggests_grouped_where_it_measured_faster_but_keeps_bit_identical_
     assert grouped_advice(cpu, Workload(10, 6000, 1, None, "batch norm", small)) is None
     assert grouped_advice(cpu, Workload(1, 6000, 1, None, None, small)) is None
     assert grouped_advice(cuda, Workload(20, 8000, 2, None, None, small)) is None
+
+
+# Grouped workers (`run.executor=grouped`, `run.workers` 2 or more) ------------------------------
+
+
+def test_shares_split_the_cost_evenly_one_share_a_worker():
+    from clusterfed.sim.processes import shares
+    # Longest first to the least loaded: 5 | 4, then 2 -> 4's share, then the ones.
+    costs = [5.0, 1.0, 1.0, 4.0, 1.0, 2.0, 1.0, 1.0]
+    out = shares(costs, 2)
+    assert sorted(i for s in out for i in s) == list(range(8)) and len(out) == 2
+    assert all(s == sorted(s) for s in out)
+    assert sorted(sum(costs[i] for i in s) for s in out) == [8.0, 8.0]
+    assert shares([1.0], 3) == [[0]]   # no empty share
+
+
+def test_grouped_workers_equal_sequential_on_mixed_tasks(federation):
+    from clusterfed.sim.processes import ProcessExecutor
+    torch.set_num_threads(1)
+    seq, _, w0 = executors(federation)
+    module = copy.deepcopy(seq.model.module)
+    rng = np.random.default_rng(3)
+    stacked = (w0 + 0.05 * rng.standard_normal((3, len(w0)))).astype(np.float32)
+    spec = TrainSpec(lr=0.1, batch_size=10, momentum=0.5)
+    tasks = [ClientTask(c, TaskKind.TRAIN, (w0 + 0.01 * rng.standard_normal(w0.shape)
+                                            ).astype(np.float32), spec) for c in (4, 0, 2, 5, 1, 3)]
+    tasks += [ClientTask(0, TaskKind.LOSSES, stacked), ClientTask(2, TaskKind.GRADIENT, w0)]
+    with ProcessExecutor(FlatModel(module), federation, EXECUTOR_SEED, workers=2,
+                         grouped=True) as proc:
+        got = proc.run(tasks, 3, 1)
+        assert len(proc.started_pids) == 2
+    expected = seq.run(tasks, 3, 1)
+    assert_same(expected, got)
+    # The workers grouped the training: its sums run in another order, so some update
+    # differs in its last bits (plain workers give sequential's bit for bit).
+    assert any(not np.array_equal(a.update, b.update)
+               for a, b in zip(expected[:6], got[:6], strict=True))
+
+
+def test_simulation_runs_grouped_in_workers_and_equals_sequential():
+    results = {}
+    for kind, workers in (("sequential", None), ("grouped", 2)):
+        cfg = tiny_config("fedavg", train={"rounds": 2}, run={
+            "executor": kind, "device": "cpu", "threads": 1, "workers": workers})
+        sim = Simulation(cfg)
+        assert type(sim.executor).__name__ == ("ProcessExecutor" if workers
+                                               else "SequentialExecutor")
+        assert getattr(sim.executor, "grouped", False) == bool(workers)
+        results[kind] = (sim.run(), sim.algorithm.clusters(sim.state).models)
+    (a, ma), (b, mb) = results["sequential"], results["grouped"]
+    np.testing.assert_allclose(mb, ma, rtol=1e-4, atol=1e-6)
+    assert b["final"]["mean_loss"] == pytest.approx(a["final"]["mean_loss"], rel=1e-4)

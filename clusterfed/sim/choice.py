@@ -174,6 +174,11 @@ def build_executor(run: Mapping[str, Any], model: FlatModel, federation: Federat
     if kind == "vectorised":
         return VectorisedExecutor(model, federation, seed, transform, validation_fraction,
                                   device)
+    if kind == "grouped" and (run.get("workers") or 1) > 1 and device.type == "cpu":
+        executor = ProcessExecutor(model, federation, seed, transform, validation_fraction,
+                                   int(run["workers"]), grouped=True)
+        log.info("executor: grouped in %d worker processes", executor.workers)
+        return executor
     if kind == "grouped":
         return GroupedExecutor(model, federation, seed, transform, validation_fraction, device)
     return SequentialExecutor(model, federation, seed, transform, validation_fraction, device)

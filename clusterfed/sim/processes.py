@@ -29,6 +29,11 @@ its own generator (`sim.sampling.task_seed`), and every worker computes with one
 - Errors: a task that raises in a worker raises `WorkerError` here, with the worker's
   traceback; a worker that dies takes the pool down and raises `WorkerError`.
 
+With `grouped=True` (`run.executor=grouped` with `run.workers` of 2 or more) each worker runs
+the grouped executor (`sim/grouped.py`) instead: the round's training tasks are split once,
+by cost, into one share a worker, and each worker trains its share as one wider model; the
+results then equal sequential's to float tolerance, as the grouped executor's do.
+
 Modules whose forward pass changes state or draws random numbers (batch-norm statistics,
 dropout) make a task's result depend on the tasks its process ran before and on the
 process's global generator; their tasks run here, sequentially, with a logged notice.
@@ -188,6 +193,19 @@ def chunks(costs: Sequence[float], workers: int) -> list[list[int]]:
     return out
 
 
+def shares(costs: Sequence[float], workers: int) -> list[list[int]]:
+    """One share of task indices a worker, of about equal cost (longest first, each to the
+    least loaded share), each in task order: what grouped workers take, since a group pays
+    only when it is large."""
+    load = [0.0] * workers
+    out: list[list[int]] = [[] for _ in range(workers)]
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        w = min(range(workers), key=lambda w: (load[w], w))
+        out[w].append(i)
+        load[w] += costs[i]
+    return [sorted(share) for share in out if share]
+
+
 def result_bytes(task: ClientTask) -> int:
     """Room for a task's result arrays: an update the model's size, or a few per-model figures.
     (A SIGNATURE's matrix may not fit: it then travels through the pipe.)"""
@@ -225,6 +243,7 @@ class WorkerSetup:
     data: Layout                    # train_x, train_y, test_x, test_y of each client, in turn
     n_classes: int
     input_shape: tuple[int, ...]
+    grouped: bool = False           # each worker runs the grouped executor on its share
 
 
 def _federation(setup: WorkerSetup, views: list[np.ndarray]) -> Federation:
@@ -244,8 +263,15 @@ def worker_main(conn: Connection, setup: WorkerSetup) -> None:
     try:
         module = pickle.loads(setup.module)
         federation = _federation(setup, data.read(setup.data))
-        executor = ClientRuntime(FlatModel(module), federation, setup.seed,
-                                      setup.transform, setup.validation_fraction)
+        if setup.grouped:
+            # Imported here: a plain worker never needs it.
+            from clusterfed.sim.grouped import GroupedExecutor
+            executor: ClientRuntime = GroupedExecutor(
+                FlatModel(module), federation, setup.seed, setup.transform,
+                setup.validation_fraction)
+        else:
+            executor = ClientRuntime(FlatModel(module), federation, setup.seed,
+                                     setup.transform, setup.validation_fraction)
         conn.send(("ready", os.getpid()))
     except BaseException:
         conn.send(("setup_failed", traceback.format_exc()))
@@ -259,7 +285,7 @@ def worker_main(conn: Connection, setup: WorkerSetup) -> None:
             if message[0] == "stop":
                 break
             try:
-                reply = _serve(executor, tasks, results, *message[1:])
+                reply = _serve(executor, tasks, results, *message[1:], together=setup.grouped)
             except Exception:   # outside any one task: reading the call, writing results
                 reply = ("failed", message[1], "the worker could not serve the call",
                          traceback.format_exc())
@@ -273,17 +299,21 @@ def worker_main(conn: Connection, setup: WorkerSetup) -> None:
 
 
 def _serve(executor: ClientRuntime, tasks_in: Reader, results_out: Reader, call: int,
-           round_index: int, step: int, layout: Layout, records: list[Any], result_block: str
-           ) -> tuple[Any, ...]:
-    """One call: run its tasks one by one, write the results' arrays back."""
+           round_index: int, step: int, layout: Layout, records: list[Any], result_block: str,
+           *, together: bool = False) -> tuple[Any, ...]:
+    """One call: run its tasks (one by one; a grouped worker all at once), write the results'
+    arrays back."""
     tasks = unflatten(records, tasks_in.read(layout))
     done: list[ClientResult] = []
-    for task in tasks:
+    batches = [tasks] if together else [[t] for t in tasks]
+    for batch in batches:
         try:
-            done += executor.run([task], round_index, step)
+            done += executor.run(batch, round_index, step)
         except Exception as err:
-            what = (f"client {task.client}'s {task.kind.value} task (round {round_index + 1}, "
-                    f"step {step}): {type(err).__name__}: {err}")
+            who = (f"client {batch[0].client}'s {batch[0].kind.value} task" if len(batch) == 1
+                   else f"the tasks of clients {[t.client for t in batch]}")
+            what = (f"{who} (round {round_index + 1}, step {step}): "
+                    f"{type(err).__name__}: {err}")
             return ("failed", call, what, traceback.format_exc())
     out, arrays = flatten(done)
     block = results_out.open(result_block)
@@ -308,6 +338,7 @@ class _Pool:
         self.tasks = Mailbox()
         self.results = [Mailbox() for _ in range(workers)]
         self.calls = 0
+        self.grouped = setup.grouped
         self.idle = False   # until every worker is ready: a failed start terminates them
         try:
             for i in range(workers):
@@ -355,7 +386,8 @@ class _Pool:
         self.calls += 1
         records, arrays = flatten(tasks)
         layout = self.tasks.write([np.ascontiguousarray(a) for a in arrays])
-        queue = deque(chunks(costs, len(self.processes)))
+        split = shares if self.grouped else chunks
+        queue = deque(split(costs, len(self.processes)))
         out: list[ClientResult | None] = [None] * len(tasks)
         failures: list[str] = []
         busy: dict[int, list[int]] = {}
@@ -439,17 +471,20 @@ def one_thread() -> Iterator[None]:
 
 class ProcessExecutor:
     """Runs client tasks in `workers` single-threaded worker processes (default: one per usable
-    core); evaluates in this process. Close it (or use it as a context manager) to stop them."""
+    core), each through the grouped executor if `grouped`; evaluates in this process. Close it
+    (or use it as a context manager) to stop them."""
 
     def __init__(self, model: FlatModel, federation: Federation, seed: int,
                  transform: ParameterTransform | None = None,
-                 validation_fraction: float = 0.0, workers: int | None = None) -> None:
+                 validation_fraction: float = 0.0, workers: int | None = None,
+                 grouped: bool = False) -> None:
         # This process's own executor: evaluation, sizes, and models workers cannot share.
         self.local = SequentialExecutor(model, federation, seed, transform, validation_fraction)
         self.federation = federation
         self.seed = seed
         self.transform = transform
         self.validation_fraction = validation_fraction
+        self.grouped = grouped
         self.workers = workers or usable_cores()
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
@@ -475,14 +510,15 @@ class ProcessExecutor:
             setup = WorkerSetup(
                 pickle.dumps(self.local.model.module), self.seed, self.transform,
                 self.validation_fraction, data.write(arrays), self.federation.n_classes,
-                tuple(self.federation.input_shape))
+                tuple(self.federation.input_shape), self.grouped)
             data.close()   # the workers map it; this process keeps the federation's arrays
             pool = _Pool(setup, data, self.workers)
         except BaseException:
             data.unlink()
             raise
         self.started_pids += pool.pids
-        log.info("process executor: %d workers started (pids %s)", self.workers, pool.pids)
+        log.info("process executor: %d %sworkers started (pids %s)", self.workers,
+                 "grouped " if self.grouped else "", pool.pids)
         return pool
 
     def _costs(self, tasks: Sequence[ClientTask]) -> list[float]:
