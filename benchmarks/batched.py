@@ -2,6 +2,7 @@
 
 The same TRAIN tasks (every client from its own starting point, as in a clustered round) go
 through: `sequential` with 1 and with 2 threads, `processes` (2 single-threaded workers),
+`grouped-workers-2` (the grouped executor in 2 single-threaded workers),
 `vmap` (the vectorised executor, 1 thread) and `grouped` (the clients as one wider model, 1
 thread). Workloads, on MNIST (synthetic MNIST-shaped data where absent):
 
@@ -56,13 +57,14 @@ WORKLOADS: dict[str, tuple[str, int, int, int, int]] = {
     "femnist-50": ("cnn_femnist_tiny", 50, 60, 20, 2),
     "fedavg-b10": ("fedavg_cnn", 10, 200, 10, 1),
 }
-# name: (executor class or None for processes, torch threads)
+# name: (executor class or None for worker processes, torch threads)
 EXECUTORS: dict[str, tuple[type | None, int]] = {
     "sequential-1": (SequentialExecutor, 1),
     "sequential-2": (SequentialExecutor, 2),
     "processes-2": (None, 1),
     "vmap-1": (VectorisedExecutor, 1),
     "grouped-1": (GroupedExecutor, 1),
+    "grouped-workers-2": (None, 1),   # the grouped executor in 2 single-threaded workers
 }
 
 
@@ -77,8 +79,9 @@ def build(name: str, dataset: Any) -> tuple[dict[str, Any], list[ClientTask], in
     executors: dict[str, Any] = {}
     for label, (cls, _) in EXECUTORS.items():
         model = FlatModel(module)
-        executors[label] = (ProcessExecutor(model, federation, SEED, workers=2) if cls is None
-                            else cls(model, federation, SEED))
+        executors[label] = (ProcessExecutor(model, federation, SEED, workers=2,
+                                            grouped=label.startswith("grouped"))
+                            if cls is None else cls(model, federation, SEED))
     w0 = FlatModel(module).initial_vector().numpy()
     rng = np.random.default_rng(SEED)
     spec = TrainSpec(lr=0.05, batch_size=batch, epochs=epochs)

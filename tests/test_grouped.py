@@ -181,6 +181,9 @@ def test_auto_suggests_grouped_where_it_measured_faster_but_keeps_bit_identical_
                  Workload(10, 6000, 1, None, None, small)):
         assert auto_kind(cpu, work)[0] != "grouped"
         assert "run.executor=grouped" in grouped_advice(cpu, work)
+    # Several cores: grouped workers, one a core.
+    assert "run.workers=2" in grouped_advice(cpu, Workload(20, 8000, 2, None, None, small))
+    assert "run.workers" not in grouped_advice(cpu, Workload(10, 6000, 1, None, None, small))
     assert grouped_advice(cpu, Workload(10, 6000, 2, None, None, large)) is None
     assert grouped_advice(cpu, Workload(10, 6000, 1, None, None, large)) is None
     assert grouped_advice(cpu, Workload(10, 6000, 1, None, "batch norm", small)) is None
