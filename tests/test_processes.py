@@ -284,6 +284,20 @@ def test_no_worker_outlives_a_failed_run(federation):
     assert gone(sim.executor.started_pids)
 
 
+def test_a_grouped_worker_names_its_share_when_it_fails(federation):
+    # A grouped worker runs its share as one call through the grouped executor: the error
+    # names the share's clients (one client when its share is one task) and carries the
+    # worker's traceback through that executor.
+    sim = Simulation(tiny_config(run={"executor": "grouped", "workers": 2}),
+                     federation=federation,
+                     module=FailsInTraining(federation.input_shape, federation.n_classes))
+    with pytest.raises(WorkerError, match=r"(the tasks of clients \[|client \d+'s train task)"
+                                          r"[^\n]*refuses to train") as raised:
+        sim.run()
+    assert "vectorised.py" in str(raised.value)   # the grouped executor's run, in the worker
+    assert len(sim.executor.started_pids) == 2 and gone(sim.executor.started_pids)
+
+
 @pytest.fixture
 def sigint_raises():
     """Ctrl-C raises KeyboardInterrupt even where the test runner was started with SIGINT
