@@ -11,7 +11,7 @@ from clusterfed.algorithms.aggregate import cluster_fedavg, results_fedavg
 from clusterfed.algorithms.fedavg.algorithm import apply_updates
 from clusterfed.algorithms.pacfl.algorithm import PACFL
 from clusterfed.client import ClientResult, TaskKind, TrainSpec
-from clusterfed.client.sgd import clip_by_norm, sgd_step, sgd_step_
+from clusterfed.client.sgd import clip_by_norm, sgd_step
 from clusterfed.clustering import hierarchical as hc
 from clusterfed.clustering import precomputed as pc
 from clusterfed.clustering.precomputed import first_appearance_labels
@@ -145,7 +145,8 @@ def test_sgd_step_in_place_is_the_same_bits(spec, prox, correct):
     w_, v_ = w0.clone(), None
     for g in grads:
         w, v = sgd_step(w, g.clone(), v, spec, **options)
-        v_ = sgd_step_(w_, g.clone(), v_, spec, **options)
+        new, v_ = sgd_step(w_, g.clone(), v_, spec, **options, in_place=True)
+        assert new is w_   # written into w
         assert torch.equal(w, w_)
         assert (v is None) == (v_ is None) and (v is None or torch.equal(v, v_))
 

@@ -2,8 +2,8 @@
 
 `sgd_step` works on one flat vector (d,) or on stacked clients (G, d) row by row, and under
 `torch.func.vmap`: it changes no tensor in place and branches only on the spec's numbers.
-`sgd_step_` is the same rule in place, for the sequential loop: the same kernels on the same
-values, so the same bits, without two fresh parameter-sized vectors a step (13 % of a
+With `in_place=True` (the sequential loop) the same kernels run on the same values, so the
+same bits come out, without two fresh parameter-sized vectors a step (13 % of a
 1.66M-parameter CNN's step at batch 10, benchmarks/overhead.py).
 """
 
@@ -23,46 +23,30 @@ def clip_by_norm(grad: torch.Tensor, max_norm: float) -> torch.Tensor:
 
 def sgd_step(w: torch.Tensor, grad: torch.Tensor, velocity: torch.Tensor | None,
              spec: TrainSpec, *, prox_mu: float = 0.0, anchor: torch.Tensor | None = None,
-             correction: torch.Tensor | None = None
+             correction: torch.Tensor | None = None, in_place: bool = False
              ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One step of `torch.optim.SGD` on `w`: (new w, new momentum buffer).
 
     In torch's order: clip the gradient, add weight decay, then FedProx's proximal gradient
     prox_mu (w - anchor), fold into the momentum buffer (None before the first step); then
     SCAFFOLD's `correction`, after momentum so it moves w by exactly lr * correction.
+
+    `in_place`: the same kernels on the same values, writing into `w` (returned as the new w;
+    call it under `torch.no_grad()` if w is a leaf that requires grad), `grad` and the buffer
+    (the first step's buffer is `grad` itself either way).
     """
+    add = torch.Tensor.add_ if in_place else torch.Tensor.add
+    mul = torch.Tensor.mul_ if in_place else torch.Tensor.mul
     if spec.clip_grad_norm:
         grad = clip_by_norm(grad, spec.clip_grad_norm)
     if spec.weight_decay:
-        grad = grad.add(w, alpha=spec.weight_decay)
+        grad = add(grad, w, alpha=spec.weight_decay)
     if prox_mu:
         assert anchor is not None, "a proximal term needs its anchor"
-        grad = grad + prox_mu * (w - anchor)
+        grad = add(grad, mul(w - anchor, prox_mu))
     if spec.momentum:
-        velocity = grad if velocity is None else velocity.mul(spec.momentum).add(grad)
+        velocity = grad if velocity is None else add(mul(velocity, spec.momentum), grad)
         grad = velocity
     if correction is not None:
-        grad = grad + correction
-    return w.add(grad, alpha=-spec.lr), velocity
-
-
-def sgd_step_(w: torch.Tensor, grad: torch.Tensor, velocity: torch.Tensor | None,
-              spec: TrainSpec, *, prox_mu: float = 0.0, anchor: torch.Tensor | None = None,
-              correction: torch.Tensor | None = None) -> torch.Tensor | None:
-    """`sgd_step` in place: updates `w` (call it under `torch.no_grad()` if w is a leaf that
-    requires grad) and may overwrite `grad`; returns the momentum buffer (the first step's
-    is `grad` itself, as `sgd_step`'s)."""
-    if spec.clip_grad_norm:
-        grad = clip_by_norm(grad, spec.clip_grad_norm)
-    if spec.weight_decay:
-        grad = grad.add_(w, alpha=spec.weight_decay)
-    if prox_mu:
-        assert anchor is not None, "a proximal term needs its anchor"
-        grad = grad.add_((w - anchor).mul_(prox_mu))
-    if spec.momentum:
-        velocity = grad if velocity is None else velocity.mul_(spec.momentum).add_(grad)
-        grad = velocity
-    if correction is not None:
-        grad = grad + correction   # not in place: grad may be the momentum buffer
-    w.add_(grad, alpha=-spec.lr)
-    return velocity
+        grad = grad + correction   # never in place: grad may be the momentum buffer
+    return add(w, grad, alpha=-spec.lr), velocity

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from clusterfed.algorithms.pacfl.principal_angles import client_signature
-from clusterfed.client.sgd import sgd_step, sgd_step_
+from clusterfed.client.sgd import sgd_step
 from clusterfed.models.flat import FlatModel
 from clusterfed.tasks import (
     ClientResult,
@@ -87,8 +87,8 @@ def train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tens
             loss = (weights[idx] * per_sample_loss(model(w, x[idx]), y[idx])).mean()
         (grad,) = torch.autograd.grad(loss, w)
         with torch.no_grad():
-            velocity = sgd_step_(w, grad, velocity, spec, prox_mu=mu, anchor=anchor,
-                                 correction=correction)
+            _, velocity = sgd_step(w, grad, velocity, spec, prox_mu=mu, anchor=anchor,
+                                   correction=correction, in_place=True)
         total += loss.detach().item()
     return w.detach() - params, total / steps
 
