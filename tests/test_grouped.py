@@ -171,6 +171,20 @@ def test_simulation_with_the_grouped_executor_equals_sequential():
     assert b["final"]["mean_loss"] == pytest.approx(a["final"]["mean_loss"], rel=1e-4)
 
 
+@pytest.mark.parametrize("name", ["cfl_convnet", "fedavg_cnn", "lenet5", "mlp",
+                                  "cnn_femnist_tiny"])
+def test_forward_flops_from_layer_shapes_equal_torchs_flop_counter(name):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from clusterfed.sim.choice import forward_flops
+    shape = (1, 28, 28)
+    module = build_model(name, shape, 10)
+    assert grouped_obstacle(module) is None
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        module(torch.zeros(1, *shape))
+    assert forward_flops(module, shape) == counter.get_total_flops() > 0
+
+
 def test_auto_suggests_grouped_where_it_measured_faster_but_keeps_bit_identical_results():
     from clusterfed.sim.choice import Workload, auto_kind, grouped_advice, step_flops
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
