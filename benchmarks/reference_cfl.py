@@ -71,7 +71,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from clusterfed import config as cfg
 from clusterfed.data import Federation, load_dataset
 from clusterfed.errors import DataError
-from clusterfed.models import build_model
+from clusterfed.models import MODELS, build_model
 from clusterfed.sim.simulation import Simulation, build_federation_for
 
 SEED = 0
@@ -109,6 +109,13 @@ def model_fn(federation: Federation) -> Callable[[], torch.nn.Module]:
     return lambda: build_model("cfl_convnet", federation.input_shape, federation.n_classes)
 
 
+def authors_model_fn(federation: Federation) -> Callable[[], torch.nn.Module]:
+    """cfl_convnet in their models.py's order, pool(relu(conv)): the registered factory
+    without build_model's exact ReLU-after-pool rewrite, which their code does not make."""
+    factory = MODELS.get("cfl_convnet")
+    return lambda: factory(input_shape=federation.input_shape, n_classes=federation.n_classes)
+
+
 # --- the authors' side -------------------------------------------------------------------------
 
 
@@ -139,7 +146,7 @@ def check_convnet(path: Path, federation: Federation) -> str:
     ours = model_fn(federation)()
 
     def layers(m: torch.nn.Module) -> list[str]:
-        # Convolutions and linear layers; both apply pool(relu(conv)) twice (read, not traced).
+        # Convolutions and linear layers; both compute pool(relu(conv)) twice (read, not traced).
         return [f"conv{x.kernel_size}->{x.out_channels}" if isinstance(x, torch.nn.Conv2d)
                 else f"linear->{x.out_features}" for x in m.modules()
                 if isinstance(x, torch.nn.Conv2d | torch.nn.Linear)]
@@ -156,7 +163,7 @@ def run_authors(fl: ModuleType, federation: Federation, rounds: int, clock: Cloc
                 ) -> dict[str, Any]:
     """The notebook's CFL loop over their Client and Server, timed round by round."""
     torch.manual_seed(SEED)   # their random_split and the models' initialisation
-    make = model_fn(federation)
+    make = authors_model_fn(federation)
     clients = []
     for i, c in enumerate(federation.clients):
         data = torch.utils.data.TensorDataset(

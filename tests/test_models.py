@@ -211,3 +211,44 @@ def test_normalize_puts_the_papers_input_normalisation_in_front_of_any_model():
     for bad in ({"mean": [0.1]}, {"mean": [0.1], "std": [0.0]}, [0.1, 0.3]):
         with pytest.raises(ConfigError, match="normalize"):
             build_model("mlp", (1, 2, 2), 4, normalize=bad)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_pool_before_relu_keeps_every_output_and_gradient_bit_for_bit(name):
+    import copy
+
+    from clusterfed.models.zoo import MODELS as FACTORIES
+    case = CASES[name]
+    torch.manual_seed(0)
+    paper = FACTORIES.get(name)(input_shape=case.input_shape, n_classes=case.n_classes,
+                                **case.options)
+    built = make(name)
+    # The same parameters (same init seed), so any difference is the layer order's.
+    assert all(torch.equal(a, b) for a, b in zip(paper.parameters(), built.parameters(),
+                                                  strict=True))
+    x, _ = batch(name)
+    if not case.tokens:     # zeros and ties: windows with no positive value, equal maxima
+        x = x.clamp(min=0) * (x.abs() > 0.5)
+    outputs = []
+    for model in (paper, copy.deepcopy(built)):
+        out = model(x)
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+        outputs.append((out, torch.autograd.grad((out * weights).sum(),
+                                                 list(model.parameters()))))
+    (a, ga), (b, gb) = outputs
+    assert torch.equal(a, b)
+    assert all(torch.equal(p, q) for p, q in zip(ga, gb, strict=True))
+
+
+def test_pool_before_relu_moves_each_relu_a_max_pool_follows():
+    from clusterfed.models.rewrite import pool_before_relu
+    model = pool_before_relu(nn.Sequential(
+        nn.Conv2d(1, 2, 3), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Sequential(nn.Conv2d(2, 2, 3), nn.ReLU(), nn.AvgPool2d(2)),   # avg: not exact
+        nn.Tanh(), nn.MaxPool2d(2), nn.ReLU(), nn.MaxPool2d(1, return_indices=True)))
+    kinds = [type(m).__name__ for m in model.modules()
+             if not isinstance(m, nn.Sequential)]
+    assert kinds == ["Conv2d", "MaxPool2d", "ReLU", "Conv2d", "ReLU", "AvgPool2d", "Tanh",
+                     "MaxPool2d", "ReLU", "MaxPool2d"]
+    assert [type(m).__name__ for m in build_model("cfl_convnet", (1, 28, 28), 10)[0]] == [
+        "Conv2d", "MaxPool2d", "ReLU", "Conv2d", "MaxPool2d", "ReLU", "Flatten"]

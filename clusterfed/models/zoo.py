@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from clusterfed.errors import ConfigError
+from clusterfed.models.rewrite import pool_before_relu
 from clusterfed.registry import Registry, accepted_keys, check_keys
 
 ModelFactory = Callable[..., nn.Module]
@@ -23,13 +24,16 @@ def build_model(name: str, input_shape: tuple[int, ...], n_classes: int, **optio
     `normalize: {mean: [...], std: [...]}` (any model) puts a per-channel (x - mean) / std in
     front of it: the papers' code normalises its training tensors while the data here stay
     in [0, 1] (PACFL's signatures are taken from the raw pixels, as its code does).
+
+    Every model comes with each ReLU that a max pooling follows moved after the pooling
+    (`rewrite.pool_before_relu`): the same function and gradients, bit for bit, for less work.
     """
     normalize = options.pop("normalize", None)
     factory = import_factory(name) if ":" in name else MODELS.get(name)
     allowed = accepted_keys(factory)
     check_keys("model", options, None if allowed is None else allowed - {"input_shape",
                                                                           "n_classes"})
-    module = factory(input_shape=input_shape, n_classes=n_classes, **options)
+    module = pool_before_relu(factory(input_shape=input_shape, n_classes=n_classes, **options))
     if normalize is None:
         return module
     if not isinstance(normalize, dict) or set(normalize) != {"mean", "std"}:
