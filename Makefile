@@ -39,6 +39,7 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/vectorised.py
 	$(BIN)/python benchmarks/scale.py
 	$(BIN)/python benchmarks/lcfl_matrix.py --rows 1
+	$(BIN)/python benchmarks/relu_pool.py
 
 # Every clustered method at its defaults, methods x scenarios x seeds (docs/benchmark.md).
 # The quick matrix (digits, minutes) exits 1 if a method misses a claim; CI runs it.
