@@ -1,7 +1,9 @@
 """Seconds per round of the same workloads through each in-process executor, interleaved.
 
-Executors: `sequential` with 1 and with 2 threads, `vectorised` (2 threads) and `processes`
-(2 single-threaded worker processes; evaluation in the parent with 2 threads). Workloads:
+Executors: `sequential` with 1 and with 2 threads, `vectorised` (2 threads), `processes`
+(2 single-threaded worker processes; evaluation in the parent with one thread), `grouped` with
+1 and 2 threads and in 2 single-threaded workers, and `auto` with 2 threads (the default's
+pick on 2 cores). Workloads:
 
 - fedavg-b50, fedavg-b10: `round_time.py`'s FedAvg (McMahan et al.'s CNN, MNIST iid, 100
   clients x 600, 10 clients a round, 1 local epoch), batch 50 and batch 10; no evaluation;
@@ -51,6 +53,11 @@ EXECUTORS: dict[str, dict[str, Any]] = {
     "sequential-2": {"executor": "sequential", "threads": 2},
     "vectorised-2": {"executor": "vectorised", "threads": 2},
     "processes-2": {"executor": "processes", "threads": 2, "workers": 2},
+    "grouped-1": {"executor": "grouped", "threads": 1},
+    "grouped-2": {"executor": "grouped", "threads": 2},
+    "grouped-workers-2": {"executor": "grouped", "threads": 2, "workers": 2},
+    # The default: what `auto` picks on 2 cores (sim/choice.py).
+    "auto-2": {"executor": "auto", "threads": 2},
 }
 BASELINE = "sequential-2"
 

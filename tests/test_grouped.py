@@ -185,24 +185,32 @@ def test_forward_flops_from_layer_shapes_equal_torchs_flop_counter(name):
     assert forward_flops(module, shape) == counter.get_total_flops() > 0
 
 
-def test_auto_suggests_grouped_where_it_measured_faster_but_keeps_bit_identical_results():
+def test_auto_groups_small_steps_on_several_cores_and_suggests_it_on_one():
     from clusterfed.sim.choice import Workload, auto_kind, grouped_advice, step_flops
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     small = step_flops(FlatModel(build_model("cfl_convnet", (1, 28, 28), 10)), (1, 28, 28), 10)
     large = step_flops(FlatModel(build_model("fedavg_cnn", (1, 28, 28), 10)), (1, 28, 28), 10)
-    assert 5e6 < small < 50e6 < large      # cfl_convnet at batch 10 against fedavg_cnn
-    for work in (Workload(20, 8000, 2, None, None, small),
-                 Workload(10, 6000, 1, None, None, small)):
-        assert auto_kind(cpu, work)[0] != "grouped"
-        assert "run.executor=grouped" in grouped_advice(cpu, work)
-    # Several cores: grouped workers, one a core.
-    assert "run.workers=2" in grouped_advice(cpu, Workload(20, 8000, 2, None, None, small))
-    assert "run.workers" not in grouped_advice(cpu, Workload(10, 6000, 1, None, None, small))
-    assert grouped_advice(cpu, Workload(10, 6000, 2, None, None, large)) is None
+    assert 5e6 < small < 200e6 < large      # cfl_convnet at batch 10 against fedavg_cnn
+    # Several cores, small steps: grouped workers (float tolerance), no advice needed.
+    several = Workload(20, 8000, 2, None, None, small)
+    assert auto_kind(cpu, several)[0] == "grouped"
+    assert "float tolerance" in auto_kind(cpu, several)[1]
+    assert grouped_advice(cpu, several) is None
+    # Larger steps, a model grouping cannot train, or module state: plain workers / sequential.
+    assert auto_kind(cpu, Workload(10, 6000, 2, None, None, large))[0] == "processes"
+    assert auto_kind(cpu, Workload(10, 6000, 2, None, "batch norm", small))[0] == "processes"
+    assert auto_kind(cpu, Workload(10, 6000, 2, "dropout", None, small))[0] == "sequential"
+    assert auto_kind(cpu, Workload(10, 200, 2, None, None, small))[0] == "sequential"
+    # One core: sequential, bit for bit; grouping suggested where it measured faster.
+    one = Workload(10, 6000, 1, None, None, small)
+    assert auto_kind(cpu, one)[0] == "sequential"
+    assert "run.executor=grouped" in grouped_advice(cpu, one)
+    assert "run.workers" not in grouped_advice(cpu, one)
     assert grouped_advice(cpu, Workload(10, 6000, 1, None, None, large)) is None
     assert grouped_advice(cpu, Workload(10, 6000, 1, None, "batch norm", small)) is None
     assert grouped_advice(cpu, Workload(1, 6000, 1, None, None, small)) is None
-    assert grouped_advice(cuda, Workload(20, 8000, 2, None, None, small)) is None
+    assert grouped_advice(cuda, one) is None
+    assert auto_kind(cuda, several)[0] == "vectorised"
 
 
 # Grouped workers (`run.executor=grouped`, `run.workers` 2 or more) ------------------------------

@@ -348,6 +348,9 @@ def test_auto_in_a_simulation_weighs_the_config():
             "train": {"participation": 1.0, "local_epochs": 3}}
     sim = Simulation(tiny_config(**busy, run={"threads": 2}))
     assert isinstance(sim.executor, ProcessExecutor) and sim.executor.workers == 2
+    assert sim.executor.grouped     # the tiny model's small steps train grouped
+    plain = Simulation(tiny_config(**busy, run={"threads": 2, "executor": "processes"}))
+    assert not plain.executor.grouped
     assert isinstance(Simulation(tiny_config(**busy, run={"threads": 1})).executor,
                       SequentialExecutor)
     assert isinstance(Simulation(tiny_config(run={"threads": 2})).executor, SequentialExecutor)

@@ -31,16 +31,19 @@ MIN_CLIENTS_FOR_PROCESSES = 2
 # ... through at least this many samples of local SGD: below it a round takes milliseconds,
 # and starting the workers (0.1 s and up, the first pool of a process 1 to 2 s) would not pay.
 MIN_SAMPLES_FOR_PROCESSES = 2000
-# `auto` never picks the grouped executor: its sums run in another order, so its results equal
-# sequential's only to float tolerance, and a run's figures would then depend on the machine
-# and differ from a Flower node's. It suggests it instead, where grouping measured faster than
-# what `auto` picked: a local step of at most this many training FLOPs per client (batch x
-# forward and backward per sample). Measured (docs/benchmarks.md): cfl_convnet at batch 10
-# (13 MFLOP a step) 2.8x one thread; at batch 128 (164 MFLOP), cnn_femnist_tiny at batch 20
-# and fedavg_cnn at batch 10 (0.4 and 0.7 GFLOP) 1.05-1.3x, less than two workers' 1.9x.
-MAX_STEP_FLOPS_FOR_GROUPED = 50e6
-# With one core, against one thread: grouped was 1.05-1.07x at 164 and 375 MFLOP a step
-# (cfl_convnet at batch 128, cnn_femnist_tiny at 20) and 0.72x at 724 (fedavg_cnn at 10).
+# With several cores, `auto` trains small models in grouped workers: each single-threaded
+# worker trains its share of the round as one wider model (sim/grouped.py). Where a local step
+# is at most this many training FLOPs per client (batch x forward and backward per sample).
+# Measured on 2 cores, whole rounds with evaluation (docs/benchmarks.md, 2026-11-27): against
+# plain workers, cfl_convnet at batch 10 (13 MFLOP a step) 1.9x, at batch 128 (164 MFLOP)
+# 1.24x; fedavg_cnn at batch 10 (724 MFLOP) plain workers win. Its sums run in another order,
+# so its results equal a sequential run's to float tolerance, not bit for bit
+# (`run.executor=processes` keeps them bit for bit).
+MAX_STEP_FLOPS_FOR_GROUPED = 200e6
+# With one core `auto` stays sequential (bit for bit what plain workers give; reproductions run
+# at one thread) and suggests grouping where it measured faster: against one thread, grouped
+# was 1.05-1.07x at 164 and 375 MFLOP a step (cfl_convnet at batch 128, cnn_femnist_tiny at
+# 20) and 0.72x at 724 (fedavg_cnn at 10).
 MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE = 400e6
 
 
@@ -73,9 +76,11 @@ def resolve_device(name: str) -> torch.device:
 
 
 def auto_kind(device: torch.device, workload: Workload | None) -> tuple[str, str]:
-    """`auto`'s executor and why: vectorised on CUDA; on a CPU, worker processes where the run
-    may use several cores, for a round of several clients and enough samples; else sequential.
-    Both CPU choices give a one-thread sequential run's results bit for bit.
+    """`auto`'s executor and why: vectorised on CUDA; on a CPU, where the run may use several
+    cores, for a round of several clients and enough samples, worker processes: grouped ones
+    for a model the grouped executor trains at small local steps (MAX_STEP_FLOPS_FOR_GROUPED),
+    else plain ones; otherwise sequential. All but grouped give a one-thread sequential run's
+    results bit for bit; grouped gives them to float tolerance.
 
     Measured (docs/benchmarks.md, 2 cores): on a quiet machine two single-threaded workers beat
     one two-threaded process (FedAvg CNN at batch 50: 2.89 against 3.29 s a round); when other
@@ -94,26 +99,25 @@ def auto_kind(device: torch.device, workload: Workload | None) -> tuple[str, str
         return "sequential", f"{workload.clients_per_round} clients a round"
     if workload.samples_per_round < MIN_SAMPLES_FOR_PROCESSES:
         return "sequential", f"{workload.samples_per_round} training samples a round"
-    return "processes", (f"{workload.cores} cores, {workload.clients_per_round} clients and "
-                         f"{workload.samples_per_round} training samples a round")
+    why = (f"{workload.cores} cores, {workload.clients_per_round} clients and "
+           f"{workload.samples_per_round} training samples a round")
+    if workload.grouped_obstacle is None and workload.step_flops <= MAX_STEP_FLOPS_FOR_GROUPED:
+        return "grouped", (f"{why}, local steps of {workload.step_flops / 1e6:.0f} MFLOP; "
+                           f"results equal sequential's to float tolerance "
+                           f"(run.executor=processes: bit for bit)")
+    return "processes", why
 
 
 def grouped_advice(device: torch.device, workload: Workload | None) -> str | None:
-    """Why `run.executor=grouped` would likely be faster than `auto`'s pick, or None: on a CPU,
-    for a model it trains and rounds of several clients, where a local step is small
-    (MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE with one core, else MAX_STEP_FLOPS_FOR_GROUPED)."""
+    """Why `run.executor=grouped` would likely be faster than `auto`'s pick, or None: on one
+    core of a CPU, for a model it trains and rounds of several clients, where a local step is
+    at most MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE. (With several cores `auto` picks it itself.)"""
     if device.type != "cpu" or workload is None or workload.grouped_obstacle is not None \
-            or workload.clients_per_round < 2:
+            or workload.clients_per_round < 2 or workload.cores >= 2:
         return None
-    limit = MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE if workload.cores < 2 \
-        else MAX_STEP_FLOPS_FOR_GROUPED
-    if workload.step_flops > limit:
+    if workload.step_flops > MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE:
         return None
-    # With several cores, grouped workers: cfl_convnet at batch 10 measured 1.8x grouped in
-    # one process and 2.3x plain workers (docs/benchmarks.md).
-    how = ("run.executor=grouped" if workload.cores < 2
-           else f"run.executor=grouped run.workers={workload.cores}")
-    return (f"{how} would likely be faster here (local steps of "
+    return (f"run.executor=grouped would likely be faster here (local steps of "
             f"{workload.step_flops / 1e6:.0f} MFLOP); its results equal these to float "
             f"tolerance, not bit for bit")
 
@@ -199,15 +203,17 @@ def build_executor(run: Mapping[str, Any], model: FlatModel, federation: Federat
                                    workers)
         log.info("executor: processes, %d workers on %s%s", executor.workers, device, why)
         return executor
+    workers = int(run.get("workers") or (work.cores if name == "auto" and work else 1))
+    if kind == "grouped" and workers > 1 and device.type == "cpu":
+        executor = ProcessExecutor(model, federation, seed, transform, validation_fraction,
+                                   workers, grouped=True)
+        log.info("executor: grouped in %d worker processes on %s%s", executor.workers, device,
+                 why)
+        return executor
     log.info("executor: %s on %s%s", kind, device, why)
     if kind == "vectorised":
         return VectorisedExecutor(model, federation, seed, transform, validation_fraction,
                                   device)
-    if kind == "grouped" and (run.get("workers") or 1) > 1 and device.type == "cpu":
-        executor = ProcessExecutor(model, federation, seed, transform, validation_fraction,
-                                   int(run["workers"]), grouped=True)
-        log.info("executor: grouped in %d worker processes", executor.workers)
-        return executor
     if kind == "grouped":
         return GroupedExecutor(model, federation, seed, transform, validation_fraction, device)
     return SequentialExecutor(model, federation, seed, transform, validation_fraction, device)
