@@ -196,6 +196,10 @@ def test_auto_groups_small_steps_on_several_cores_and_suggests_it_on_one():
     assert auto_kind(cpu, several)[0] == "grouped"
     assert "float tolerance" in auto_kind(cpu, several)[1]
     assert grouped_advice(cpu, several) is None
+    # cfl_convnet at batch 128 (164 MFLOP) measured 1.24x plain workers: grouped too.
+    mid = step_flops(FlatModel(build_model("cfl_convnet", (1, 28, 28), 10)), (1, 28, 28), 128)
+    assert 50e6 < mid < 200e6
+    assert auto_kind(cpu, Workload(20, 8000, 2, None, None, mid))[0] == "grouped"
     # Larger steps, a model grouping cannot train, or module state: plain workers / sequential.
     assert auto_kind(cpu, Workload(10, 6000, 2, None, None, large))[0] == "processes"
     assert auto_kind(cpu, Workload(10, 6000, 2, None, "batch norm", small))[0] == "processes"
