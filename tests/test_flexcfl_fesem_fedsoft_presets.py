@@ -11,7 +11,7 @@ from clusterfed.algorithms import build_algorithm
 from clusterfed.experiments.compare import algorithm_sections
 from clusterfed.experiments.reproduce import check_reproduce, runs_of
 
-NAMES = ("flexcfl-mnist", "fesem-mnist", "fedsoft-rotmnist")
+NAMES = ("flexcfl-mnist", "fesem-mnist", "fedsoft-rotmnist", "fedsoft-mixture-mnist")
 PRESETS = [n for base in NAMES for n in (base, f"{base}-small")]
 
 

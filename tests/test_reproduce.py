@@ -54,6 +54,23 @@ def test_runs_every_seed_and_tabulates_mean_and_std(tmp_path: Path, monkeypatch)
     assert "nan" not in "".join(lines)
 
 
+def test_a_mixture_scenario_adds_the_shares_error_column():
+    def run(own: float, error: float | None) -> dict:
+        clustering = {"ari": 1.0, "n_clusters": 2,
+                      **({} if error is None else {"shares_error": error})}
+        return rep.figures({"final": {"mean_accuracy": own}, "clustering": clustering,
+                            "wall_seconds": 1.0})
+
+    config = cfg.merge(cfg.DEFAULTS, {})
+    mixed = rep.summarise(config, {"fedsoft": [run(0.5, 0.04), run(0.6, 0.06)],
+                                   "fedavg": [run(0.5, 0.5), run(0.5, 0.5)]}, [0, 1])
+    text = rep.markdown(mixed)
+    assert "| shares error |" in text and "| 0.050 ± 0.014 |" in text
+    assert "| 0.500 ± 0.000 |" in text
+    plain = rep.markdown(rep.summarise(config, {"fedavg": [run(0.5, None)]}, [0]))
+    assert "shares error" not in plain
+
+
 def test_a_cut_off_run_resumes_and_another_config_is_refused(tmp_path: Path, monkeypatch):
     rep.reproduce(small(), tmp_path)
     folder = tmp_path / "local" / "seed-1"

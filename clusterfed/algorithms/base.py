@@ -87,6 +87,10 @@ class Algorithm(Protocol[S]):
     it as a TRAIN task at evaluation only, under the protocols 'cluster' and 'local' alike
     (the adapted served model replaces the client's own model); the state never sees it.
 
+    Optional: `soft_assignment(state) -> (num_clients, K) array`, a soft method's weights of
+    each client on the view's models where they are not mixture weights (FedSoft's importance
+    u): a run scores them against a mixture scenario's true shares (`clustering.shares_error`).
+
     A clustered method also sets `sees`: the kinds of heterogeneity its clustering signal can
     tell apart, among "concept" (the same inputs labelled differently: label swap,
     permutation), "feature" (other inputs for the same labels: rotation) and "label" (other

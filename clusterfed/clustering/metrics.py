@@ -57,6 +57,36 @@ def grouping_scores(groupings: Mapping[str, np.ndarray], found: np.ndarray) -> d
                           for name, g in groupings.items()}}
 
 
+def shares_error(true_shares: np.ndarray, estimated: np.ndarray) -> float:
+    """Mean total-variation distance between each client's true source shares (n, S) and the
+    weights a method puts on its models (n, K; rows normalised to sum 1), with models matched
+    one-to-one to sources by the matching that fits best. A source or a model left unmatched
+    counts against a zero column. 0: every client's mixture recovered; a hard clustering that
+    finds each client's dominant source scores the mean minority share."""
+    # scipy's Hungarian solver finds the best of the max(S, K)! matchings.
+    from scipy.optimize import linear_sum_assignment
+
+    t = np.asarray(true_shares, dtype=np.float64)
+    e = np.asarray(estimated, dtype=np.float64)
+    if t.ndim != 2 or e.ndim != 2 or len(t) != len(e) or not len(t):
+        raise ValueError(f"shares are (clients, sources) and (clients, models) with the same "
+                         f"clients, got {t.shape} and {e.shape}")
+    e = e / e.sum(axis=1, keepdims=True)
+    size = max(t.shape[1], e.shape[1])
+    t = np.pad(t, ((0, 0), (0, size - t.shape[1])))
+    e = np.pad(e, ((0, 0), (0, size - e.shape[1])))
+    cost = np.abs(t[:, :, None] - e[:, None, :]).sum(axis=0)   # (source, model)
+    rows, cols = linear_sum_assignment(cost)
+    return float(0.5 * cost[rows, cols].sum() / len(t))
+
+
+def one_hot(assignment: np.ndarray, k: int) -> np.ndarray:
+    """(n, k) rows with a 1 at each client's model: a hard assignment as weights."""
+    out = np.zeros((len(assignment), k))
+    out[np.arange(len(assignment)), np.asarray(assignment, dtype=np.int64)] = 1.0
+    return out
+
+
 def score_text(value: float | None, digits: int = 3) -> str:
     """A score as printed in tables and result lines: 'n/a' where there is no truth."""
     return "n/a" if value is None else f"{value:.{digits}f}"

@@ -169,6 +169,36 @@ class Chain:
         return y
 
 
+@dataclass(frozen=True)
+class Mixed:
+    """A client whose samples come from several sources (FedSoft's mixtures): the first
+    floor(shares[0] n) of any n samples take parts[0], the next floor(shares[1] n) parts[1],
+    ..., the last part the rest (the authors' rounding). The split is by position, so x and y
+    (and train and test) stay aligned; a scenario shuffles the samples before."""
+
+    shares: tuple[float, ...]
+    parts: tuple[Any, ...]   # one Transform a source
+
+    def apply_x(self, x: np.ndarray) -> np.ndarray:
+        return self._apply(x, "apply_x")
+
+    def apply_y(self, y: np.ndarray) -> np.ndarray:
+        return self._apply(y, "apply_y")
+
+    def _apply(self, a: np.ndarray, method: str) -> np.ndarray:
+        ends = np.cumsum(mixture_counts(self.shares, len(a)))
+        pieces = [getattr(part, method)(a[end - n:end])
+                  for part, end, n in zip(self.parts, ends, np.diff(ends, prepend=0), strict=True)]
+        return np.concatenate(pieces) if pieces else a
+
+
+def mixture_counts(shares: tuple[float, ...] | np.ndarray, n: int) -> np.ndarray:
+    """Samples per source of n: floor(share n) for every source but the last, which takes the
+    rest (ycruan/FedSoft clients_preparation.py: int(frac * num_samples), the last the rest)."""
+    counts = np.floor(np.asarray(shares, dtype=np.float64)[:-1] * n).astype(np.int64)
+    return np.append(counts, n - counts.sum())
+
+
 def is_image(x: np.ndarray) -> bool:
     """Images are (N, [C,] H, W) of uint8 or floats; integer token ids are not."""
     return x.ndim >= 3 and (x.dtype == np.uint8 or np.issubdtype(x.dtype, np.floating))

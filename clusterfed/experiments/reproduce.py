@@ -130,7 +130,10 @@ def figures(summary: Mapping[str, Any]) -> dict[str, float]:
             # No truth (own data): NaN, which the table prints as '-'.
             "ari": float("nan") if ari is None else float(ari),
             "clusters": float(summary["clustering"]["n_clusters"]),
-            "seconds": float(summary.get("wall_seconds", float("nan")))}
+            "seconds": float(summary.get("wall_seconds", float("nan"))),
+            # Only a mixture scenario's runs have it (`clustering.shares_error`).
+            **({"shares_error": float(summary["clustering"]["shares_error"])}
+               if "shares_error" in summary["clustering"] else {})}
 
 
 def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
@@ -177,8 +180,10 @@ def summarise(config: Mapping[str, Any], measured: Mapping[str, Sequence[Mapping
     protocol_of = dict(section.get("paper_protocol", {}))
     rows = []
     for label, runs in measured.items():
-        stats = {key: mean_std([r[key] for r in runs])
-                 for key in ("own", "cluster", "ari", "clusters", "seconds")}
+        keys = ["own", "cluster", "ari", "clusters", "seconds"]
+        if runs and all("shares_error" in r for r in runs):
+            keys.append("shares_error")
+        stats = {key: mean_std([r[key] for r in runs]) for key in keys}
         row: dict[str, Any] = {"label": label, **stats, "runs": list(runs)}
         if protocols and protocols.get(label, config["eval"]["protocol"]) \
                 != config["eval"]["protocol"]:
@@ -205,11 +210,21 @@ def markdown(result: Mapping[str, Any]) -> str:
              f"protocol after an algorithm is that run's own (its compare entry's eval).", "",
              "| algorithm | paper | own | cluster | ARI | clusters | seconds | verdict |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    # A mixture scenario's runs: the distance of each method's weights from the true shares.
+    shares = any("shares_error" in row for row in result["rows"])
+    if shares:
+        lines[0] += (" `shares error`: the mean total-variation distance between each "
+                     "client's true source shares and the method's weights on its models "
+                     "(one-hot for a hard method; 0 is exact).")
+        lines[2:] = ["| algorithm | paper | own | cluster | ARI | clusters | shares error "
+                     "| seconds | verdict |",
+                     "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for row in result["rows"]:
         paper = (f"{_pm(row['paper'])} ({row['paper_protocol']})" if "paper" in row else "")
         label = row["label"] + (f" (`{row['eval_protocol']}`)" if "eval_protocol" in row
                                 else "")
+        error = f"{_pm(row.get('shares_error', (math.nan, 0.0)), 3)} | " if shares else ""
         lines.append(f"| {label} | {paper} | {_pm(row['own'])} | {_pm(row['cluster'])} "
-                     f"| {_pm(row['ari'], 3)} | {_pm(row['clusters'], 1)} | "
+                     f"| {_pm(row['ari'], 3)} | {_pm(row['clusters'], 1)} | {error}"
                      f"{_pm(row['seconds'], 0)} | {row.get('verdict', '')} |")
     return "\n".join(lines) + "\n"

@@ -15,7 +15,13 @@ from tqdm import tqdm
 
 from clusterfed.algorithms import ClusterView, RoundContext
 from clusterfed.algorithms.cfl.maths import separation_gap
-from clusterfed.clustering.metrics import grouping_scores, has_truth, truth_scores
+from clusterfed.clustering.metrics import (
+    grouping_scores,
+    has_truth,
+    one_hot,
+    shares_error,
+    truth_scores,
+)
 from clusterfed.data import Federation
 from clusterfed.errors import ConfigError
 from clusterfed.run_folder import RunFolder, read_config
@@ -325,8 +331,24 @@ class Simulation:
                            "true_assignment": true.tolist() if has_truth(true) else None,
                            "n_clusters": view.num_clusters,
                            **truth_scores(true, view.assignment),
-                           **grouping_scores(self.federation.groupings, view.assignment)},
+                           **grouping_scores(self.federation.groupings, view.assignment),
+                           **self._shares_score(state, view)},
         }
+
+    def _shares_score(self, state: Any, view: ClusterView) -> dict[str, float]:
+        """Against a mixture scenario's true shares: how far the method's weights on its
+        models are (its mixture weights, FedSoft's importance, else its hard assignment)."""
+        shares = self.federation.info.get("shares")
+        if shares is None:
+            return {}
+        soft = getattr(self.algorithm, "soft_assignment", None)
+        if view.weights is not None:
+            weights = view.weights
+        elif soft is not None:
+            weights = soft(state)
+        else:
+            weights = one_hot(view.assignment, len(view.models))
+        return {"shares_error": round(shares_error(np.asarray(shares), weights), 6)}
 
 
 def run_config(config: Mapping[str, Any], out_dir: str | Path | None = None, *,

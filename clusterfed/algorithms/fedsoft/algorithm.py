@@ -355,6 +355,11 @@ class FedSoft:
     def clusters(self, state: FedSoftState) -> ClusterView:
         return ClusterView(state.centres, served_centres(state.importance, state.estimated))
 
+    def soft_assignment(self, state: FedSoftState) -> np.ndarray:
+        """u_{c,s}: the share of client c's samples that centre s fits best (scored against a
+        mixture scenario's true shares); not mixture weights: FedSoft serves one centre."""
+        return state.importance
+
 
 def served_centres(importance: np.ndarray, estimated: np.ndarray) -> np.ndarray:
     """argmax_s u_{c,s}; a client never estimated gets the centre most clients lean on."""

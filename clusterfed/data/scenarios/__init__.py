@@ -34,6 +34,9 @@ sizes; default as even as possible). The label mathematics live in `partition.py
 |                   | `severity` 1..5 (default 3; `none` is clean) with the parameters of       |
 |                   | `table` cifar10_c (Hendrycks & Dietterich) or mnist_c (Mu & Gilmer),      |
 |                   | generated from the clean data (`data/corruptions.py`), seeded per client  |
+| mixture           | soft clusters: each client's images a mixture of k rotated sources, its   |
+|                   | shares `linear`, one vector per block, or `dirichlet` (FedSoft; true      |
+|                   | cluster the dominant source; `mixture.py`)                                |
 
 Common options (every scenario, `COMMON_KEYS`):
 
@@ -84,7 +87,7 @@ for example, the label sets that `label_skew` draws for a seed unchanged.
 
 # Importing the families registers their scenarios.
 from clusterfed.data.federation import ClientData, Federation
-from clusterfed.data.scenarios import groups, label_skew, transformed  # noqa: F401
+from clusterfed.data.scenarios import groups, label_skew, mixture, transformed  # noqa: F401
 from clusterfed.data.scenarios.assignment import (
     Assignment,
     ClientSpec,
