@@ -71,6 +71,15 @@ def test_describe_and_format(tiny: Federation) -> None:
     assert lines[7].startswith("... 1 more clients")
 
 
+def test_a_mixture_lists_each_clients_source_shares(tiny: Federation) -> None:
+    mixed = Federation(tiny.clients, tiny.true_clusters, 4, (1, 2, 2),
+                       {"shares": [[0.25, 0.75], [0.5, 0.5], [0.9, 0.1]]})
+    text = format_description(describe(mixed), max_clients=2)
+    assert text.splitlines()[-1] == ("source shares per client (mixture; the true cluster is "
+                                     "the largest): 0: 0.25/0.75; 1: 0.50/0.50")
+    assert "source shares" not in format_description(describe(tiny))
+
+
 def test_sequence_targets_count_every_token() -> None:
     c = ClientData(np.zeros((2, 3), np.int64), np.array([[1, 2, 2], [0, 2, 5]]),
                    np.zeros((0, 3), np.int64), np.zeros((0, 3), np.int64))

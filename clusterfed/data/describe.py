@@ -113,6 +113,11 @@ def format_description(description: Mapping[str, Any], max_clients: int = 20) ->
     if d["clients"] > shown:
         lines.append(f"... {d['clients'] - shown} more clients (all of them in the plots and "
                      f"scenario.json)")
+    shares = d["info"].get("shares")
+    if shares:   # a mixture scenario: the cluster column is each client's dominant source
+        lines.append("source shares per client (mixture; the true cluster is the largest): " +
+                     "; ".join(f"{i}: " + "/".join(f"{v:.2f}" for v in shares[i])
+                               for i in range(shown)))
     drift = d["info"].get("drift")
     if drift:
         lines.append(f"drift from round {drift['round']} (shown: the data before it): clients "
