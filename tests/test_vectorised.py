@@ -124,6 +124,34 @@ def test_batched_evaluation_equals_client_by_client(federation):
     np.testing.assert_allclose(accs, [evaluate(model, v, x, y)[1] for v in stacked])
 
 
+def test_clients_with_the_same_test_data_are_scored_once(monkeypatch):
+    """`test: all` with a label permutation: every client of a cluster holds the same test
+    set. Each (model, test set) is scored once; every client still gets its figures."""
+    from clusterfed.client import runtime
+    from clusterfed.data import build_federation, load_dataset
+    fed = build_federation(load_dataset("digits"),
+                           {"kind": "label_permutation", "clients": 6, "clusters": 2,
+                            "test": "all", "samples_per_client": 40}, seed=0)
+    seq = SequentialExecutor(FlatModel(build_model("digits_cnn", fed.input_shape, 10)), fed, 0)
+    w = seq.model.initial_vector().numpy()
+    scored: list[int] = []
+    real = runtime.evaluate_clients
+    monkeypatch.setattr(runtime, "evaluate_clients",
+                        lambda model, p, data, **k: scored.append(len(data)) or real(model, p,
+                                                                                     data, **k))
+    together = seq.evaluate(w, [5, 0, 1, 3, 2, 4])   # clusters 1, 0, 0, 1, 0, 1
+    assert scored == [2]                              # one test set a permutation
+    alone = np.array([seq.evaluate(w, [c])[0] for c in (5, 0, 1, 3, 2, 4)])
+    np.testing.assert_allclose(together, alone, rtol=1e-6)
+    assert together[1, 1] != together[0, 1]           # the permutations differ
+    scored.clear()
+    distinct = uneven_digits()                        # each client its own test share
+    other = SequentialExecutor(FlatModel(build_model("digits_cnn", distinct.input_shape, 10)),
+                               distinct, 0)
+    other.evaluate(w, [0, 1, 2])
+    assert scored == [3]
+
+
 def test_batch_norm_falls_back_with_a_notice(federation, caplog):
     module = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.BatchNorm1d(16), nn.ReLU(),
                            nn.Linear(16, 10))

@@ -8,6 +8,7 @@ the same evaluation code.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -50,6 +51,16 @@ def evaluation_runs(tasks: Sequence[ClientTask]) -> list[list[int]]:
     return runs
 
 
+def test_key(x: torch.Tensor, y: torch.Tensor) -> bytes:
+    """A digest of one client's test data: equal for equal arrays (shape, type and bytes)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for t in (x, y):
+        a = np.ascontiguousarray(t.detach().cpu().numpy())
+        digest.update(f"{a.dtype}{a.shape}".encode())
+        digest.update(a.view(np.uint8).reshape(-1))
+    return digest.digest()
+
+
 class ClientRuntime:
     """Clients' data as zero-copy tensors on one device, and one reusable model."""
 
@@ -78,6 +89,7 @@ class ClientRuntime:
             self.validation.append((x[len(y) - held:], y[len(y) - held:]))
         self.test = [(torch.from_numpy(c.test_x).to(self.device),
                       torch.from_numpy(c.test_y).to(self.device)) for c in federation.clients]
+        self._test_keys: list[bytes] | None = None   # filled by the first shared evaluation
 
     def run(self, tasks: Sequence[ClientTask], round_index: int, step: int = 0
             ) -> list[ClientResult]:
@@ -140,4 +152,25 @@ class ClientRuntime:
             params = self.transform.inverse(params)
         w = torch.as_tensor(params).to(self.device)
         data = self.test if split == "test" else self.validation
-        return evaluate_clients(self.model, w, [data[c] for c in clients]).reshape(-1, 2)
+        keep, back = self._distinct(clients) if split == "test" else (list(clients), None)
+        figures = evaluate_clients(self.model, w, [data[c] for c in keep]).reshape(-1, 2)
+        return figures if back is None else figures[back]
+
+    def _distinct(self, clients: Sequence[int]) -> tuple[list[int], np.ndarray | None]:
+        """Clients holding the same test data (a scenario's `test: all`: CFL scores every
+        client of a cluster on the whole test set) are scored once: the first of each, in
+        order, and where each client's figures are among theirs (None: all distinct)."""
+        if len(clients) < 2:
+            return list(clients), None
+        if self._test_keys is None:
+            self._test_keys = [test_key(x, y) for x, y in self.test]
+        first: dict[bytes, int] = {}
+        keep: list[int] = []
+        back = np.empty(len(clients), dtype=np.int64)
+        for i, c in enumerate(clients):
+            key = self._test_keys[c]
+            if key not in first:
+                first[key] = len(keep)
+                keep.append(c)
+            back[i] = first[key]
+        return keep, (None if len(keep) == len(clients) else back)
