@@ -801,6 +801,7 @@ EVERY = {
     "writers": {"kind": "writers", "clients": 6},
     "cyclic_classes": {"kind": "cyclic_classes", "clients": 10, "clusters": 5},
     "corrupted": {"kind": "corrupted", "clients": 6, "clusters": 3},
+    "mixture": {"kind": "mixture", "clients": 6, "clusters": 2},
 }
 
 
@@ -823,7 +824,10 @@ def test_every_scenario_seeded_and_json_info(kind: str, sources: Dataset, ds: Da
     assert any(not np.array_equal(ca.train_x, cb.train_x)
                for ca, cb in zip(a.clients, b.clients, strict=True))
     assert json.loads(json.dumps(a.info)) == a.info
-    assert a.true_clusters.tolist() == sorted(a.true_clusters.tolist())  # contiguous blocks
+    if kind == "mixture":   # the dominant source: linear shares put source 1 first
+        assert a.true_clusters.tolist() == [1, 1, 1, 0, 0, 0]
+    else:
+        assert a.true_clusters.tolist() == sorted(a.true_clusters.tolist())  # contiguous
     assert all(len(c.train_y) > 0 and len(c.test_y) > 0 for c in a.clients)
 
 
