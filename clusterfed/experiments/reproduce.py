@@ -203,22 +203,20 @@ def _pm(pair: Sequence[float], digits: int = 2) -> str:
 
 def markdown(result: Mapping[str, Any]) -> str:
     """The page's table: the paper's figure, both protocols, clusters and the verdict."""
+    # A mixture scenario's runs: the distance of each method's weights from the true shares.
+    shares = any("shares_error" in row for row in result["rows"])
+    columns = ["algorithm", "paper", "own", "cluster", "ARI", "clusters",
+               *(["shares error"] if shares else []), "seconds", "verdict"]
     lines = [f"Seeds {', '.join(str(s) for s in result['seeds'])}; mean ± std in %. `own`: "
              f"the `{result['eval_protocol']}` protocol's figure (each client's own model "
              f"where the protocol is `local`); `cluster`: each client's served model. The "
              f"verdict compares the paper's figure with ours under the protocol named; a "
-             f"protocol after an algorithm is that run's own (its compare entry's eval).", "",
-             "| algorithm | paper | own | cluster | ARI | clusters | seconds | verdict |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
-    # A mixture scenario's runs: the distance of each method's weights from the true shares.
-    shares = any("shares_error" in row for row in result["rows"])
-    if shares:
-        lines[0] += (" `shares error`: the mean total-variation distance between each "
-                     "client's true source shares and the method's weights on its models "
-                     "(one-hot for a hard method; 0 is exact).")
-        lines[2:] = ["| algorithm | paper | own | cluster | ARI | clusters | shares error "
-                     "| seconds | verdict |",
-                     "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             f"protocol after an algorithm is that run's own (its compare entry's eval)." +
+             (" `shares error`: the mean total-variation distance between each client's true "
+              "source shares and the method's weights on its models (one-hot for a hard "
+              "method; 0 is exact)." if shares else ""), "",
+             "| " + " | ".join(columns) + " |",
+             "| --- |" + " ---: |" * (len(columns) - 2) + " --- |"]
     for row in result["rows"]:
         paper = (f"{_pm(row['paper'])} ({row['paper_protocol']})" if "paper" in row else "")
         label = row["label"] + (f" (`{row['eval_protocol']}`)" if "eval_protocol" in row

@@ -341,11 +341,10 @@ class Simulation:
         shares = self.federation.info.get("shares")
         if shares is None:
             return {}
-        soft = getattr(self.algorithm, "soft_assignment", None)
         if view.weights is not None:
             weights = view.weights
-        elif soft is not None:
-            weights = soft(state)
+        elif hasattr(self.algorithm, "soft_assignment"):
+            weights = self.algorithm.soft_assignment(state)
         else:
             weights = one_hot(view.assignment, len(view.models))
         return {"shares_error": round(shares_error(np.asarray(shares), weights), 6)}

@@ -69,6 +69,7 @@ from clusterfed.algorithms.base import (
 )
 from clusterfed.algorithms.selection import clusters_of_updates
 from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
+from clusterfed.clustering.metrics import one_hot
 from clusterfed.clustering.precomputed import NO_STRUCTURE
 from clusterfed.state import serialisable
 
@@ -103,11 +104,6 @@ def clustering_objective(losses: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return np.tensordot(w / w.sum(), mins, axes=(0, 0))
 
 
-def one_hot(choice: np.ndarray, k: int) -> np.ndarray:
-    """s_i: row i has a 1 in column choice[i] (Algorithm 1, line 7)."""
-    return (np.asarray(choice)[:, None] == np.arange(k)[None, :]).astype(np.float64)
-
-
 def gradient_step(models: np.ndarray, gradients: np.ndarray, choice: np.ndarray,
                   weights: np.ndarray, lr: float, scale: str) -> np.ndarray:
     """Option I: theta_j <- theta_j - gamma sum_i s_ij w_i g_i / W.
@@ -116,7 +112,7 @@ def gradient_step(models: np.ndarray, gradients: np.ndarray, choice: np.ndarray,
     unit weights); 'cluster': W = sum over the clients that chose j (a mean gradient step).
     """
     w = np.asarray(weights, dtype=np.float64)
-    s = one_hot(choice, len(models)) * w[:, None]
+    s = one_hot(choice, len(models)) * w[:, None]   # s_i (Algorithm 1, line 7)
     sums = s.T @ gradients.astype(np.float64)
     if scale == "participants":
         norm = np.full(len(models), w.sum())
