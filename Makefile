@@ -53,7 +53,7 @@ reproduce: $(VENV)/.installed
 	$(BIN)/clusterfed reproduce $(PRESET) --out runs/reproduce-$(PRESET)
 
 reproduce-tests: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q -m reproduction
+	$(BIN)/python -m pytest -q -m 'reproduction or slow'
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check clusterfed tests benchmarks

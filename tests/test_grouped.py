@@ -204,7 +204,12 @@ def test_auto_groups_small_steps_on_several_cores_and_suggests_it_on_one():
     assert auto_kind(cpu, Workload(10, 6000, 2, None, None, large))[0] == "processes"
     assert auto_kind(cpu, Workload(10, 6000, 2, None, "batch norm", small))[0] == "processes"
     assert auto_kind(cpu, Workload(10, 6000, 2, "dropout", None, small))[0] == "sequential"
-    assert auto_kind(cpu, Workload(10, 200, 2, None, None, small))[0] == "sequential"
+    # Too few samples a round to start workers: grouped in this process; too large: not.
+    tiny = auto_kind(cpu, Workload(10, 200, 2, None, None, small))
+    assert tiny[0] == "grouped" and "in this process" in tiny[1]
+    assert auto_kind(cpu, Workload(10, 200, 2, None, None, large))[0] == "sequential"
+    assert auto_kind(cpu, Workload(10, 200, 2, None, "batch norm", small))[0] == "sequential"
+    assert auto_kind(cpu, Workload(1, 200, 2, None, None, small))[0] == "sequential"
     # One core: sequential, bit for bit; grouping suggested where it measured faster.
     one = Workload(10, 6000, 1, None, None, small)
     assert auto_kind(cpu, one)[0] == "sequential"

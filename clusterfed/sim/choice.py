@@ -30,6 +30,8 @@ EXECUTORS = ("auto", "sequential", "vectorised", "grouped", "processes")
 MIN_CLIENTS_FOR_PROCESSES = 2
 # ... through at least this many samples of local SGD: below it a round takes milliseconds,
 # and starting the workers (0.1 s and up, the first pool of a process 1 to 2 s) would not pay.
+# Such a round of a model the grouped executor trains is grouped in this process instead:
+# digits_cnn at batch 16, 2.2x the sequential executor (docs/benchmarks.md, 2026-11-27).
 MIN_SAMPLES_FOR_PROCESSES = 2000
 # With several cores, `auto` trains small models in grouped workers: each single-threaded
 # worker trains its share of the round as one wider model (sim/grouped.py). Where a local step
@@ -79,7 +81,8 @@ def auto_kind(device: torch.device, workload: Workload | None) -> tuple[str, str
     """`auto`'s executor and why: vectorised on CUDA; on a CPU, where the run may use several
     cores, for a round of several clients and enough samples, worker processes: grouped ones
     for a model the grouped executor trains at small local steps (MAX_STEP_FLOPS_FOR_GROUPED),
-    else plain ones; otherwise sequential. All but grouped give a one-thread sequential run's
+    else plain ones; below MIN_SAMPLES_FOR_PROCESSES such a model grouped in this process;
+    otherwise sequential. All but grouped give a one-thread sequential run's
     results bit for bit; grouped gives them to float tolerance.
 
     Measured (docs/benchmarks.md, 2 cores): on a quiet machine two single-threaded workers beat
@@ -98,6 +101,12 @@ def auto_kind(device: torch.device, workload: Workload | None) -> tuple[str, str
     if workload.clients_per_round < MIN_CLIENTS_FOR_PROCESSES:
         return "sequential", f"{workload.clients_per_round} clients a round"
     if workload.samples_per_round < MIN_SAMPLES_FOR_PROCESSES:
+        if workload.grouped_obstacle is None \
+                and workload.step_flops <= MAX_STEP_FLOPS_FOR_GROUPED:
+            return "grouped", (f"{workload.clients_per_round} clients and "
+                               f"{workload.samples_per_round} training samples a round: "
+                               f"grouped in this process (workers would not pay); results "
+                               f"equal sequential's to float tolerance")
         return "sequential", f"{workload.samples_per_round} training samples a round"
     why = (f"{workload.cores} cores, {workload.clients_per_round} clients and "
            f"{workload.samples_per_round} training samples a round")
@@ -203,7 +212,10 @@ def build_executor(run: Mapping[str, Any], model: FlatModel, federation: Federat
                                    workers)
         log.info("executor: processes, %d workers on %s%s", executor.workers, device, why)
         return executor
-    workers = int(run.get("workers") or (work.cores if name == "auto" and work else 1))
+    # `auto` groups in workers unless the round is too small to start them (auto_kind).
+    workers = int(run.get("workers") or (
+        work.cores if name == "auto" and work
+        and work.samples_per_round >= MIN_SAMPLES_FOR_PROCESSES else 1))
     if kind == "grouped" and workers > 1 and device.type == "cpu":
         executor = ProcessExecutor(model, federation, seed, transform, validation_fraction,
                                    workers, grouped=True)
