@@ -103,15 +103,14 @@ def time_grouped_row(model: FlatModel, stacked: np.ndarray, images: int) -> floa
 
 
 def time_processes(model: FlatModel, stacked: np.ndarray, rows: int, images: int,
-                   workers: int) -> float:
+                   workers: int, grouped: bool = False) -> float:
     """Seconds of `rows` clients' LOSSES tasks through `workers` worker processes (after a
-    warm-up call that starts them)."""
-    clients = [ClientData(*client_data(images, c), *client_data(1, c)) for c in range(rows)]
-    for c in clients:
-        c.train_x, c.train_y = c.train_x.numpy(), c.train_y.numpy()
-        c.test_x, c.test_y = c.test_x.numpy(), c.test_y.numpy()
+    warm-up call that starts them); `grouped`: each worker scores a row's models as one
+    grouped model (`run.executor=grouped`, `run.workers`)."""
+    clients = [ClientData(*(t.numpy() for t in (*client_data(images, c), *client_data(1, c))))
+               for c in range(rows)]
     federation = Federation(clients, np.zeros(rows, dtype=np.int64), 10, (1, 28, 28))
-    with ProcessExecutor(model, federation, 0, workers=workers) as executor:
+    with ProcessExecutor(model, federation, 0, workers=workers, grouped=grouped) as executor:
         executor.run([ClientTask(c, TaskKind.LOSSES, stacked[:2]) for c in range(rows)], 0)
         tasks = [ClientTask(c, TaskKind.LOSSES, stacked) for c in range(rows)]
         began = time.perf_counter()
@@ -142,6 +141,7 @@ def matmul_peak(threads: int, size: int = 2048) -> float:
 
 def measure(clients: int, rows: int, images: int, seed: int = 0, workers: int = 2,
             processes_max: int = 120, processes_rate: float | None = None,
+            grouped_workers_rate: float | None = None,
             peaks: dict[int, float] | None = None) -> dict[str, Any]:
     module = build_model(name=MODEL, input_shape=(1, 28, 28), n_classes=10)
     model = FlatModel(module)
@@ -163,6 +163,9 @@ def measure(clients: int, rows: int, images: int, seed: int = 0, workers: int = 
         proc_rows = max(rows, workers)
         processes_seconds = time_processes(model, stacked, proc_rows, images, workers)
         processes_rate = proc_rows * clients / processes_seconds   # model evaluations / s
+        grouped_workers_seconds = time_processes(model, stacked, proc_rows, images, workers,
+                                                 grouped=True)
+        grouped_workers_rate = proc_rows * clients / grouped_workers_seconds
     flops = forward_flops_per_image(model)
     peaks = peaks or {1: matmul_peak(1), 2: matmul_peak(2)}
     halves = np.abs(rng.standard_normal((clients, clients)))
@@ -187,6 +190,9 @@ def measure(clients: int, rows: int, images: int, seed: int = 0, workers: int = 
         "processes_extrapolated_from_smaller_m": clients > processes_max,
         "processes_matrix_seconds": (clients * clients / processes_rate
                                      if processes_rate else None),
+        "grouped_workers_evaluations_per_second": grouped_workers_rate,
+        "grouped_workers_matrix_seconds": (clients * clients / grouped_workers_rate
+                                           if grouped_workers_rate else None),
         "forward_flops_per_image": flops,
         "matrix_flops": flops * images * clients * clients,
         "peak_gflops": peaks,
@@ -232,12 +238,13 @@ def main(argv: list[str] | None = None) -> None:
     peaks = {1: matmul_peak(1), 2: matmul_peak(2)}
     print(f"float32 matmul peak: {peaks[1]:.1f} GFLOP/s at 1 thread, {peaks[2]:.1f} at 2")
     results: list[dict[str, Any]] = []
-    rate = None
+    rate = grouped_rate = None
     for m in sorted(args.clients):
         results.append(measure(m, args.rows, args.images, workers=args.workers,
                                processes_max=args.processes_max, processes_rate=rate,
-                               peaks=peaks))
+                               grouped_workers_rate=grouped_rate, peaks=peaks))
         rate = results[-1]["processes_evaluations_per_second"]
+        grouped_rate = results[-1]["grouped_workers_evaluations_per_second"]
     for r in results:
         how = (f"extrapolated from {r['rows_timed']} timed rows of {r['rows_total']}"
                if r["extrapolated"] else "all rows timed")
@@ -261,6 +268,9 @@ def main(argv: list[str] | None = None) -> None:
                      if r["processes_extrapolated_from_smaller_m"] else f" ({how})")
             print(f"  whole d, {r['processes_workers']} worker processes: "
                   f"{duration(r['processes_matrix_seconds'])}{extra}")
+            if r["grouped_workers_matrix_seconds"]:
+                print(f"  whole d, {r['processes_workers']} grouped worker processes: "
+                      f"{duration(r['grouped_workers_matrix_seconds'])}{extra}")
         bound = r["bound_seconds"]
         print(f"  FLOP bound: {r['matrix_flops']:.3g} FLOPs "
               f"({r['forward_flops_per_image'] / 1e6:.2f} MFLOP a forward) -> "
