@@ -28,6 +28,9 @@ DEFAULTS: dict[str, Any] = {
         "momentum": 0.0,
         "weight_decay": 0.0,
         "clip_grad_norm": None,  # clip each local step's gradient to this L2 norm
+        "optimizer": "sgd",     # or "adam"; its state starts afresh each round
+        "adam_betas": [0.9, 0.999],
+        "adam_eps": 1e-8,
     },
     "algorithm": {"name": "fedavg"},
     "eval": {
@@ -213,6 +216,10 @@ def validate(config: Mapping[str, Any]) -> None:
             f"train.participation must be a fraction in (0, 1] or a client count, got "
             f"{participation!r}: with no participating clients nothing is trained"
         )
+    betas = train["adam_betas"]
+    if not isinstance(betas, list | tuple) or len(betas) != 2 or not all(
+            isinstance(b, int | float) and not isinstance(b, bool) for b in betas):
+        raise ConfigError(f"train.adam_betas must be two numbers [beta1, beta2], got {betas!r}")
     if participation > 1 and participation != int(participation):
         raise ConfigError(f"train.participation above 1 is a count and must be whole, "
                           f"got {participation}")

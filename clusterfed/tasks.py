@@ -29,9 +29,14 @@ class TaskKind(str, Enum):
     SIGNATURE = "signature"  # top-p left singular vectors of the client's data (PACFL)
 
 
+# The local optimisers. Their state (SGD's momentum buffer, Adam's moments) starts afresh at
+# every task: a round's update then depends on the round's model alone (cfl.md A14).
+OPTIMIZERS = ("sgd", "adam")
+
+
 @dataclass(frozen=True)
 class TrainSpec:
-    """Local SGD settings. Exactly one of `epochs` and `steps` is set."""
+    """Local training settings. Exactly one of `epochs` and `steps` is set."""
 
     lr: float
     batch_size: int
@@ -40,6 +45,10 @@ class TrainSpec:
     momentum: float = 0.0
     weight_decay: float = 0.0
     clip_grad_norm: float | None = None   # clip each step's gradient to this L2 norm
+    optimizer: str = "sgd"                # "sgd" or "adam" (torch.optim.Adam's rule)
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
 
     def __post_init__(self) -> None:
         if (self.epochs is None) == (self.steps is None):
@@ -55,6 +64,18 @@ class TrainSpec:
                               f"got {self.clip_grad_norm}")
         if not 0.0 <= self.momentum < 1.0:
             raise ConfigError(f"train.momentum must be in [0, 1), got {self.momentum}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"train.optimizer must be one of {', '.join(OPTIMIZERS)}, "
+                              f"got {self.optimizer!r}")
+        if self.optimizer == "adam":
+            if self.momentum:
+                raise ConfigError("train.momentum is SGD's; Adam's moments are "
+                                  "train.adam_betas")
+            if not (0.0 <= self.adam_beta1 < 1.0 and 0.0 <= self.adam_beta2 < 1.0):
+                raise ConfigError(f"train.adam_betas must both be in [0, 1), got "
+                                  f"[{self.adam_beta1}, {self.adam_beta2}]")
+            if not self.adam_eps > 0:
+                raise ConfigError(f"train.adam_eps must be positive, got {self.adam_eps}")
 
     def num_steps(self, num_samples: int) -> int:
         if self.steps is not None:

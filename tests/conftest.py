@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,3 +32,13 @@ def _isolated_data_root(tmp_path_factory: pytest.TempPathFactory,
                         monkeypatch: pytest.MonkeyPatch) -> None:
     # No test may read or write the user's real cache folder.
     monkeypatch.setenv("CLUSTERFED_DATA", str(tmp_path_factory.getbasetemp() / "data-root"))
+
+
+@pytest.fixture
+def one_thread():
+    """torch at one thread for the test, as every worker process computes: a sequential
+    reference then sums in the workers' order (the thread count changes float sums)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 from clusterfed import config as cfg
 from clusterfed.algorithms import RoundContext
@@ -80,3 +83,45 @@ def executor_pair(federation: Any, executor: type, module: Any = None,
     other = executor(FlatModel(copy.deepcopy(module)), federation, EXECUTOR_SEED, transform,
                      max_clients=max_clients)
     return seq, other, FlatModel(module).initial_vector().numpy()
+
+
+def torch_reference_train(module: Any, x: torch.Tensor, y: torch.Tensor, spec: TrainSpec,
+                          seed: int, prox_mu: float = 0.0, anchor: torch.Tensor | None = None
+                          ) -> torch.Tensor:
+    """torch.optim.SGD or Adam (the spec's optimizer, fresh) over the batch order train()
+    promises (a fresh permutation per epoch), FedProx's (mu/2)||w - anchor||^2 added to the
+    loss; the flat parameters after it."""
+    model = copy.deepcopy(module)
+    params = list(model.parameters())
+    if spec.optimizer == "adam":
+        opt = torch.optim.Adam(params, lr=spec.lr, betas=(spec.adam_beta1, spec.adam_beta2),
+                               eps=spec.adam_eps, weight_decay=spec.weight_decay)
+    else:
+        opt = torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum,
+                              weight_decay=spec.weight_decay)
+    gen = torch.Generator().manual_seed(seed)
+    n, b = len(y), spec.batch_size
+    per_epoch = math.ceil(n / b)
+    for step in range(spec.num_steps(n)):
+        if step % per_epoch == 0:
+            order = torch.randperm(n, generator=gen)
+        idx = order[(step % per_epoch) * b:(step % per_epoch + 1) * b]
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        if prox_mu:
+            flat = torch.cat([p.reshape(-1) for p in params])
+            loss = loss + prox_mu / 2 * torch.sum((flat - anchor) ** 2)
+        loss.backward()
+        if spec.clip_grad_norm:
+            torch.nn.utils.clip_grad_norm_(params, spec.clip_grad_norm)
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def digits_client(samples: int) -> tuple[Any, FlatModel, torch.Tensor, torch.Tensor]:
+    """A digits CNN (seed 0), its flat view and `samples` random 8x8 images with labels."""
+    torch.manual_seed(0)
+    module = build_model("digits_cnn", (1, 8, 8), 10)
+    x = torch.rand(samples, 1, 8, 8)
+    y = torch.randint(0, 10, (samples,))
+    return module, FlatModel(module), x, y

@@ -2,61 +2,40 @@
 
 from __future__ import annotations
 
-import copy
 import math
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import digits_client, torch_reference_train
 
 from clusterfed.client import ClientResult, ClientTask, TaskKind, TrainSpec, run_task
 from clusterfed.client.work import evaluate, gradient, losses, train
 from clusterfed.errors import ConfigError
-from clusterfed.models import FlatModel, build_model
+from clusterfed.models import FlatModel
 from clusterfed.tasks import match_results, numbered
 
 
 @pytest.fixture
 def setup():
-    torch.manual_seed(0)
-    module = build_model("digits_cnn", (1, 8, 8), 10)
-    x = torch.rand(23, 1, 8, 8)
-    y = torch.randint(0, 10, (23,))
-    return module, FlatModel(module), x, y
-
-
-def reference_sgd(module, x, y, spec: TrainSpec, seed: int) -> torch.Tensor:
-    """torch.optim.SGD over the batch order our train() promises: a fresh permutation per epoch."""
-    model = copy.deepcopy(module)
-    opt = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=spec.momentum,
-                          weight_decay=spec.weight_decay)
-    params = list(model.parameters())
-    gen = torch.Generator().manual_seed(seed)
-    n, b = len(y), spec.batch_size
-    per_epoch = math.ceil(n / b)
-    for step in range(spec.num_steps(n)):
-        if step % per_epoch == 0:
-            order = torch.randperm(n, generator=gen)
-        idx = order[(step % per_epoch) * b:(step % per_epoch + 1) * b]
-        opt.zero_grad()
-        F.cross_entropy(model(x[idx]), y[idx]).backward()
-        if spec.clip_grad_norm:
-            torch.nn.utils.clip_grad_norm_(params, spec.clip_grad_norm)
-        opt.step()
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return digits_client(23)
 
 
 @pytest.mark.parametrize("spec", [
     TrainSpec(lr=0.1, batch_size=5, epochs=2),
     TrainSpec(lr=0.05, batch_size=4, epochs=None, steps=9, momentum=0.9, weight_decay=1e-3),
     TrainSpec(lr=0.5, batch_size=6, epochs=2, momentum=0.5, clip_grad_norm=0.25),
+    TrainSpec(lr=0.01, batch_size=5, epochs=2, optimizer="adam"),
+    TrainSpec(lr=0.003, batch_size=4, epochs=None, steps=9, optimizer="adam",
+              weight_decay=1e-3, adam_beta1=0.5),
+    TrainSpec(lr=0.01, batch_size=6, epochs=2, optimizer="adam", clip_grad_norm=0.25),
 ])
-def test_train_equals_torch_sgd(setup, spec):
+def test_train_equals_torch_optimisers(setup, spec):
     module, flat, x, y = setup
     w0 = flat.initial_vector()
     update, loss = train(flat, w0, x, y, spec, torch.Generator().manual_seed(7))
-    expected = reference_sgd(module, x, y, spec, seed=7)
+    expected = torch_reference_train(module, x, y, spec, seed=7)
     torch.testing.assert_close(w0 + update, expected, rtol=1e-5, atol=1e-6)
     assert math.isfinite(loss) and loss > 0
     torch.testing.assert_close(flat.initial_vector(), w0)  # the module itself is untouched

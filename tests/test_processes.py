@@ -40,18 +40,11 @@ from clusterfed.tasks import (
     numbered,
 )
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                reason="checks worker processes through /proc")
+# The sequential reference computes with one thread, as every worker does.
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                 reason="checks worker processes through /proc"),
+              pytest.mark.usefixtures("one_thread")]
 SEED = 5
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The sequential reference computes with one thread, as every worker does."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def gone(pids: list[int]) -> bool:

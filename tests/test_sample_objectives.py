@@ -6,14 +6,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import executor_pair, uneven_digits
+from helpers import digits_client, executor_pair, uneven_digits
 
 from clusterfed.client import ClientTask, TaskKind, TrainSpec, run_task
 from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.work import sample_losses, train
 from clusterfed.errors import ConfigError
 from clusterfed.flower.wire import check_result, decode_result, encode_result
-from clusterfed.models import FlatModel, build_model
 from clusterfed.sim.grouped import GroupedExecutor
 from clusterfed.sim.processes import ProcessExecutor
 from clusterfed.sim.vectorised import VectorisedExecutor
@@ -22,11 +21,7 @@ from clusterfed.tasks import LocalObjective, LossSpec, numbered
 
 @pytest.fixture
 def setup():
-    torch.manual_seed(0)
-    module = build_model("digits_cnn", (1, 8, 8), 10)
-    x = torch.rand(12, 1, 8, 8)
-    y = torch.randint(0, 10, (12,))
-    return module, FlatModel(module), x, y
+    return digits_client(12)
 
 
 def per_sample_gradients(module, x, y) -> torch.Tensor:
@@ -138,7 +133,7 @@ def door_tasks(federation, w0: np.ndarray) -> list[ClientTask]:
 
 
 @pytest.mark.parametrize("executor", [VectorisedExecutor, GroupedExecutor, ProcessExecutor])
-def test_every_executor_runs_them_as_the_sequential_one_does(executor):
+def test_every_executor_runs_them_as_the_sequential_one_does(executor, one_thread):
     federation = uneven_digits()
     if executor is ProcessExecutor:   # two workers; tasks answered whole through shared memory
         seq, _, w0 = executor_pair(federation, VectorisedExecutor)

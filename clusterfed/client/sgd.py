@@ -1,4 +1,4 @@
-"""The SGD step rule every executor takes: one pure function of tensors.
+"""The local step rules: SGD's, which every executor takes, and Adam's (sequential path).
 
 `sgd_step` works on one flat vector (d,) or on stacked clients (G, d) row by row, and under
 `torch.func.vmap`: it changes no tensor in place and branches only on the spec's numbers.
@@ -8,6 +8,9 @@ same bits come out, without two fresh parameter-sized vectors a step (13 % of a
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import torch
 
@@ -19,6 +22,22 @@ def clip_by_norm(grad: torch.Tensor, max_norm: float) -> torch.Tensor:
     rule, 1e-6 included)."""
     norm = torch.linalg.vector_norm(grad, dim=-1, keepdim=True)
     return grad * (max_norm / (norm + 1e-6)).clamp(max=1.0)
+
+
+def penalised_gradient(w: torch.Tensor, grad: torch.Tensor, spec: TrainSpec, prox_mu: float,
+                       anchor: torch.Tensor | None, in_place: bool) -> torch.Tensor:
+    """The gradient both step rules take, in torch's order: clipped, plus weight decay, plus
+    FedProx's proximal gradient prox_mu (w - anchor)."""
+    add = torch.Tensor.add_ if in_place else torch.Tensor.add
+    if spec.clip_grad_norm:
+        grad = clip_by_norm(grad, spec.clip_grad_norm)
+    if spec.weight_decay:
+        grad = add(grad, w, alpha=spec.weight_decay)
+    if prox_mu:
+        assert anchor is not None, "a proximal term needs its anchor"
+        mul = torch.Tensor.mul_ if in_place else torch.Tensor.mul
+        grad = add(grad, mul(w - anchor, prox_mu))
+    return grad
 
 
 def sgd_step(w: torch.Tensor, grad: torch.Tensor, velocity: torch.Tensor | None,
@@ -37,16 +56,48 @@ def sgd_step(w: torch.Tensor, grad: torch.Tensor, velocity: torch.Tensor | None,
     """
     add = torch.Tensor.add_ if in_place else torch.Tensor.add
     mul = torch.Tensor.mul_ if in_place else torch.Tensor.mul
-    if spec.clip_grad_norm:
-        grad = clip_by_norm(grad, spec.clip_grad_norm)
-    if spec.weight_decay:
-        grad = add(grad, w, alpha=spec.weight_decay)
-    if prox_mu:
-        assert anchor is not None, "a proximal term needs its anchor"
-        grad = add(grad, mul(w - anchor, prox_mu))
+    grad = penalised_gradient(w, grad, spec, prox_mu, anchor, in_place)
     if spec.momentum:
         velocity = grad if velocity is None else add(mul(velocity, spec.momentum), grad)
         grad = velocity
     if correction is not None:
         grad = grad + correction   # never in place: grad may be the momentum buffer
     return add(w, grad, alpha=-spec.lr), velocity
+
+
+@dataclass(frozen=True)
+class AdamMoments:
+    """Adam's state after `step` steps: the first and second moment estimates."""
+
+    step: int
+    first: torch.Tensor
+    second: torch.Tensor
+
+
+def adam_step(w: torch.Tensor, grad: torch.Tensor, moments: AdamMoments | None,
+              spec: TrainSpec, *, prox_mu: float = 0.0, anchor: torch.Tensor | None = None,
+              in_place: bool = False) -> tuple[torch.Tensor, AdamMoments]:
+    """One step of `torch.optim.Adam` (Kingma and Ba 2015, Alg. 1; L2 weight decay added to
+    the gradient, as torch's `weight_decay`) on `w`: (new w, new moments).
+
+    The gradient gains clipping, weight decay and a proximal pull prox_mu (w - anchor) in
+    SGD's order (`sgd_step`); then
+        m <- b1 m + (1 - b1) g,   v <- b2 v + (1 - b2) g^2,
+        w <- w - (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+    with torch's operations in torch's order, so the same values come out. `in_place`
+    writes into `w`, `grad` and the moments, as `sgd_step` does.
+    """
+    mul = torch.Tensor.mul_ if in_place else torch.Tensor.mul
+    grad = penalised_gradient(w, grad, spec, prox_mu, anchor, in_place)
+    b1, b2 = spec.adam_beta1, spec.adam_beta2
+    if moments is None:
+        moments = AdamMoments(0, torch.zeros_like(w), torch.zeros_like(w))
+    t = moments.step + 1
+    first = torch.Tensor.lerp_ if in_place else torch.Tensor.lerp
+    m = first(moments.first, grad, 1 - b1)
+    addcmul = torch.Tensor.addcmul_ if in_place else torch.Tensor.addcmul
+    v = addcmul(mul(moments.second, b2), grad, grad.conj(), value=1 - b2)
+    correction1 = 1 - b1**t
+    denom = (v.sqrt() / math.sqrt(1 - b2**t)).add_(spec.adam_eps)
+    addcdiv = torch.Tensor.addcdiv_ if in_place else torch.Tensor.addcdiv
+    return addcdiv(w, m, denom, value=-spec.lr / correction1), AdamMoments(t, m, v)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from clusterfed.algorithms.pacfl.principal_angles import client_signature
-from clusterfed.client.sgd import sgd_step
+from clusterfed.client.sgd import adam_step, sgd_step
 from clusterfed.models.flat import FlatModel
 from clusterfed.tasks import (
     ClientResult,
@@ -52,7 +52,8 @@ def chunk_rows(y: torch.Tensor) -> int:
 def train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
           spec: TrainSpec, generator: torch.Generator, objective: LocalObjective | None = None
           ) -> tuple[torch.Tensor, float]:
-    """Local mini-batch SGD from `params`; returns (new - old parameters, mean batch loss).
+    """Local mini-batch SGD (or Adam: `spec.optimizer`, its moments fresh at each call) from
+    `params`; returns (new - old parameters, mean batch loss).
 
     Each epoch visits a fresh permutation in batches of `batch_size`, the last one partial.
     `objective` adds FedProx's proximal gradient mu (w - anchor) to each step's gradient (the
@@ -75,6 +76,10 @@ def train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tens
     per_epoch = math.ceil(n / batch)
     w = params.detach().clone().requires_grad_(True)
     velocity: torch.Tensor | None = None
+    adam, moments = spec.optimizer == "adam", None
+    if adam and correction is not None:
+        raise ValueError("SCAFFOLD's control variates correct SGD steps; train.optimizer "
+                         "must be sgd")
     total = 0.0
     steps = spec.num_steps(n)
     for step in range(steps):
@@ -87,8 +92,12 @@ def train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tens
             loss = (weights[idx] * per_sample_loss(model(w, x[idx]), y[idx])).mean()
         (grad,) = torch.autograd.grad(loss, w)
         with torch.no_grad():
-            _, velocity = sgd_step(w, grad, velocity, spec, prox_mu=mu, anchor=anchor,
-                                   correction=correction, in_place=True)
+            if adam:
+                _, moments = adam_step(w, grad, moments, spec, prox_mu=mu, anchor=anchor,
+                                       in_place=True)
+            else:
+                _, velocity = sgd_step(w, grad, velocity, spec, prox_mu=mu, anchor=anchor,
+                                       correction=correction, in_place=True)
         total += loss.detach().item()
     return w.detach() - params, total / steps
 
@@ -149,11 +158,15 @@ def meta_train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch
     batches = batch_stream(len(y), spec.batch_size, generator)
     w = params.detach().clone()
     velocity: torch.Tensor | None = None
+    moments = None
     total = 0.0
     steps = spec.num_steps(len(y))
     for _ in range(steps):
         grad, loss = meta_gradient(model, w, batches, x, y, objective)
-        w, velocity = sgd_step(w, grad, velocity, spec)
+        if spec.optimizer == "adam":
+            w, moments = adam_step(w, grad, moments, spec)
+        else:
+            w, velocity = sgd_step(w, grad, velocity, spec)
         total += loss
     return w - params, total / steps
 

@@ -32,7 +32,9 @@ def train_spec(train: Mapping[str, Any]) -> TrainSpec:
     return TrainSpec(lr=float(train["lr"]), batch_size=int(train["batch_size"]),
                      epochs=train["local_epochs"], steps=train["local_steps"],
                      momentum=float(train["momentum"]), weight_decay=float(train["weight_decay"]),
-                     clip_grad_norm=train["clip_grad_norm"])
+                     clip_grad_norm=train["clip_grad_norm"], optimizer=str(train["optimizer"]),
+                     adam_beta1=float(train["adam_betas"][0]),
+                     adam_beta2=float(train["adam_betas"][1]), adam_eps=float(train["adam_eps"]))
 
 
 def initial_params(module: torch.nn.Module, seed: int) -> None:

@@ -19,7 +19,8 @@ import numpy as np
 from clusterfed.algorithms.aggregate import aggregation_weights
 from clusterfed.algorithms.base import ALGORITHMS, RoundContext, Update
 from clusterfed.algorithms.fedavg.algorithm import FedAvg, FedAvgState
-from clusterfed.client.tasks import ClientResult
+from clusterfed.client.tasks import ClientResult, ClientTask
+from clusterfed.errors import ConfigError
 
 
 def local_step_norms(steps: np.ndarray, momentum: float) -> np.ndarray:
@@ -46,6 +47,12 @@ def normalised_average(updates: np.ndarray, norms: np.ndarray, weights: np.ndarr
 @dataclass(frozen=True)
 class FedNova(FedAvg):
     """FedAvg's options (p_i from `weighting`), state, plan and clusters; a normalised update."""
+
+    def plan(self, state: FedAvgState, ctx: RoundContext) -> list[ClientTask]:
+        if ctx.train.optimizer != "sgd":   # a_i is derived for (momentum) SGD steps only
+            raise ConfigError(f"fednova normalises local SGD steps; train.optimizer is "
+                              f"{ctx.train.optimizer!r}")
+        return super().plan(state, ctx)
 
     def update(self, state: FedAvgState, ctx: RoundContext, results: Sequence[ClientResult]
                ) -> Update:

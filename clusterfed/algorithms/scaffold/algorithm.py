@@ -24,6 +24,7 @@ import numpy as np
 from clusterfed.algorithms.aggregate import aggregation_weights, weighted_mean
 from clusterfed.algorithms.base import ALGORITHMS, ClusterView, RoundContext, Setup, Update
 from clusterfed.client.tasks import ClientResult, ClientTask, LocalObjective, TaskKind
+from clusterfed.errors import ConfigError
 from clusterfed.state import serialisable
 
 
@@ -75,6 +76,9 @@ class Scaffold:
         return state.client_controls.get(client, np.zeros_like(state.control))
 
     def plan(self, state: ScaffoldState, ctx: RoundContext) -> list[ClientTask]:
+        if ctx.train.optimizer != "sgd":   # the control variates correct SGD steps (Alg. 1)
+            raise ConfigError(f"scaffold corrects local SGD steps; train.optimizer is "
+                              f"{ctx.train.optimizer!r}")
         tasks = []
         for c in (int(c) for c in ctx.sampled):
             correction = state.control - self.client_control(state, c)
