@@ -101,3 +101,20 @@ def adam_step(w: torch.Tensor, grad: torch.Tensor, moments: AdamMoments | None,
     denom = (v.sqrt() / math.sqrt(1 - b2**t)).add_(spec.adam_eps)
     addcdiv = torch.Tensor.addcdiv_ if in_place else torch.Tensor.addcdiv
     return addcdiv(w, m, denom, value=-spec.lr / correction1), AdamMoments(t, m, v)
+
+
+def local_step(w: torch.Tensor, grad: torch.Tensor, state: torch.Tensor | AdamMoments | None,
+               spec: TrainSpec, *, prox_mu: float = 0.0, anchor: torch.Tensor | None = None,
+               correction: torch.Tensor | None = None, in_place: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor | AdamMoments | None]:
+    """The spec's optimiser's step: `adam_step` or `sgd_step`, with its state (None at first)."""
+    if spec.optimizer == "adam":
+        if correction is not None:
+            raise ValueError("SCAFFOLD's control variates correct SGD steps; train.optimizer "
+                             "must be sgd")
+        assert state is None or isinstance(state, AdamMoments)
+        return adam_step(w, grad, state, spec, prox_mu=prox_mu, anchor=anchor,
+                         in_place=in_place)
+    assert state is None or isinstance(state, torch.Tensor)
+    return sgd_step(w, grad, state, spec, prox_mu=prox_mu, anchor=anchor,
+                    correction=correction, in_place=in_place)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from clusterfed.algorithms.pacfl.principal_angles import client_signature
-from clusterfed.client.sgd import adam_step, sgd_step
+from clusterfed.client.sgd import local_step
 from clusterfed.models.flat import FlatModel
 from clusterfed.tasks import (
     ClientResult,
@@ -75,11 +75,7 @@ def train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tens
     batch = min(spec.batch_size, n)
     per_epoch = math.ceil(n / batch)
     w = params.detach().clone().requires_grad_(True)
-    velocity: torch.Tensor | None = None
-    adam, moments = spec.optimizer == "adam", None
-    if adam and correction is not None:
-        raise ValueError("SCAFFOLD's control variates correct SGD steps; train.optimizer "
-                         "must be sgd")
+    state = None   # the optimiser's: momentum buffer or Adam's moments
     total = 0.0
     steps = spec.num_steps(n)
     for step in range(steps):
@@ -92,12 +88,8 @@ def train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tens
             loss = (weights[idx] * per_sample_loss(model(w, x[idx]), y[idx])).mean()
         (grad,) = torch.autograd.grad(loss, w)
         with torch.no_grad():
-            if adam:
-                _, moments = adam_step(w, grad, moments, spec, prox_mu=mu, anchor=anchor,
-                                       in_place=True)
-            else:
-                _, velocity = sgd_step(w, grad, velocity, spec, prox_mu=mu, anchor=anchor,
-                                       correction=correction, in_place=True)
+            _, state = local_step(w, grad, state, spec, prox_mu=mu, anchor=anchor,
+                                  correction=correction, in_place=True)
         total += loss.detach().item()
     return w.detach() - params, total / steps
 
@@ -157,16 +149,12 @@ def meta_train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch
     """
     batches = batch_stream(len(y), spec.batch_size, generator)
     w = params.detach().clone()
-    velocity: torch.Tensor | None = None
-    moments = None
+    state = None
     total = 0.0
     steps = spec.num_steps(len(y))
     for _ in range(steps):
         grad, loss = meta_gradient(model, w, batches, x, y, objective)
-        if spec.optimizer == "adam":
-            w, moments = adam_step(w, grad, moments, spec)
-        else:
-            w, velocity = sgd_step(w, grad, velocity, spec)
+        w, state = local_step(w, grad, state, spec)
         total += loss
     return w - params, total / steps
 
