@@ -53,7 +53,10 @@ def flower_config(algorithm: dict[str, Any], rounds: int = 2, every: int | None 
                          scenario={"kind": "label_swap", "clients": CLIENTS, "clusters": 2},
                          train={"rounds": rounds, "participation": 1.0},
                          eval={"every": every or rounds},
-                         run={"progress": False, "checkpoint_every": 1, "threads": 1})
+                         # Flower's clients train on the sequential path: the simulator too,
+                         # so the two runtimes agree bit for bit.
+                         run={"progress": False, "checkpoint_every": 1, "threads": 1,
+                              "executor": "sequential"})
     config["algorithm"] = dict(algorithm)
     return cfg.resolve(config)
 

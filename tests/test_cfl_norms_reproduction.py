@@ -1,7 +1,7 @@
 """CFL Fig. 7 (mean and max update norms of congruent and incongruent clients), checked at the
 -small scale on one seed.
 
-The 1,000-round record (3,000 images a client, 2 seeds) is docs/reproductions/cfl.md: for
+The 1,000-round record (3,000 images a client, 3 seeds) is docs/reproductions/cfl.md: for
 congruent clients the max norm falls with the mean norm (to 0.03-0.06), for incongruent ones
 it stagnates at 0.6-1.1 while the mean norm falls. This checks the same separation after the
 -small presets' 200 rounds (measured, seed 0: congruent max norm 1.69 at its peak -> 0.085

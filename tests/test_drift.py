@@ -208,7 +208,7 @@ def test_resume_across_the_drift_equals_an_unbroken_run(tmp_path, checkpoint_eve
 
 def test_processes_executor_restarts_on_the_new_data() -> None:
     cfg = drift_config(train={"rounds": 5, "participation": 1.0},
-                       run={"checkpoint_every": 0, "threads": 1})
+                       run={"checkpoint_every": 0, "threads": 1, "executor": "sequential"})
     sequential = run_config(cfg)
     sim = Simulation(cfg | {"run": {**cfg["run"], "executor": "processes", "workers": 2}})
     summary = sim.run()

@@ -80,8 +80,9 @@ def test_phases_warm_up_exchange_then_fedavg_per_cluster():
 
 def test_client_rows_assemble_to_the_centrally_computed_matrix():
     """Each client's LOSSES task (its own row, its own half of Eq. 2) gives the same d as
-    L[i, j] = L_i(w_j) computed directly over all pairs."""
-    sim = Simulation(lcfl_config())
+    L[i, j] = L_i(w_j) computed directly over all pairs. Sequential executor: its losses are
+    `evaluate`'s to the bit (grouped ones sum in another order)."""
+    sim = Simulation(merge(lcfl_config(), {"run": {"executor": "sequential"}}))
     n = sim.federation.num_clients
     rng = np.random.default_rng(0)
     start = sim.setup.initial_params

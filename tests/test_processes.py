@@ -147,9 +147,13 @@ def test_evaluation_computes_with_one_thread_whatever_the_run_uses(pair, monkeyp
     threads, inner = [], proc.local.evaluate
     monkeypatch.setattr(proc.local, "evaluate",
                         lambda *args: threads.append(torch.get_num_threads()) or inner(*args))
+    before = torch.get_num_threads()
     torch.set_num_threads(2)
-    proc.evaluate(np.zeros(seq.model.size, np.float32), [0, 1])
-    assert threads == [1] and torch.get_num_threads() == 2
+    try:
+        proc.evaluate(np.zeros(seq.model.size, np.float32), [0, 1])
+        assert threads == [1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_an_idle_worker_takes_the_next_tasks(federation, tmp_path):
@@ -345,8 +349,10 @@ def test_auto_in_a_simulation_weighs_the_config():
     assert sim.executor.grouped     # the tiny model's small steps train grouped
     plain = Simulation(tiny_config(**busy, run={"threads": 2, "executor": "processes"}))
     assert not plain.executor.grouped
-    assert isinstance(Simulation(tiny_config(**busy, run={"threads": 1})).executor,
-                      SequentialExecutor)
+    # Held to one thread: the small model grouped in this process, no workers.
+    assert type(Simulation(tiny_config(**busy, run={"threads": 1})).executor) is GroupedExecutor
+    assert type(Simulation(tiny_config(**busy, run={"threads": 1, "executor": "sequential"})
+                           ).executor) is SequentialExecutor
     # Too few samples a round for workers: the small model is grouped in this process.
     assert type(Simulation(tiny_config(run={"threads": 2})).executor) is GroupedExecutor
 

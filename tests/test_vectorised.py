@@ -54,8 +54,7 @@ def assert_same(seq_results, vec_results):
     TrainSpec(lr=0.05, batch_size=6, epochs=None, steps=7, momentum=0.9, weight_decay=1e-3),
     TrainSpec(lr=0.5, batch_size=50, epochs=1, clip_grad_norm=0.3),   # batch > every client
 ])
-def test_training_equals_sequential(federation, spec):
-    torch.set_num_threads(1)
+def test_training_equals_sequential(federation, spec, one_thread):
     seq, vec, w0 = executors(federation)
     rng = np.random.default_rng(0)
     # Different starting points per client, as in a clustered round; clients out of order.

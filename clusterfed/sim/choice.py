@@ -42,10 +42,12 @@ MIN_SAMPLES_FOR_PROCESSES = 2000
 # so its results equal a sequential run's to float tolerance, not bit for bit
 # (`run.executor=processes` keeps them bit for bit).
 MAX_STEP_FLOPS_FOR_GROUPED = 200e6
-# With one core `auto` stays sequential (bit for bit what plain workers give; reproductions run
-# at one thread) and suggests grouping where it measured faster: against one thread, grouped
-# was 1.05-1.07x at 164 and 375 MFLOP a step (cfl_convnet at batch 128, cnn_femnist_tiny at
-# 20) and 0.72x at 724 (fedavg_cnn at 10).
+# With one core `auto` groups a round in this process where a local step is at most this many
+# FLOPs. Measured against the sequential executor at one thread (docs/benchmarks.md): 2.5-2.8x
+# at 13 MFLOP (cfl_convnet at batch 10), 1.05-1.13x at 164 and 375 (cfl_convnet at batch 128,
+# cnn_femnist_tiny at 20), 0.60-0.72x at 724 (fedavg_cnn at 10). Float tolerance, not bit for
+# bit: the one-thread runs recorded before 2026-11-27 were sequential, and
+# `run.executor=sequential` reruns them to the last digit.
 MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE = 400e6
 
 
@@ -95,7 +97,14 @@ def auto_kind(device: torch.device, workload: Workload | None) -> tuple[str, str
     if workload is None:
         return "sequential", "CPU"
     if workload.cores < 2:
-        return "sequential", "one core (usable cores, capped by run.threads or torch's threads)"
+        why = "one core (usable cores, capped by run.threads or torch's threads)"
+        if workload.grouped_obstacle is None and workload.clients_per_round >= 2 \
+                and workload.step_flops <= MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE:
+            return "grouped", (f"{why}, {workload.clients_per_round} clients a round, local "
+                               f"steps of {workload.step_flops / 1e6:.0f} MFLOP: grouped in "
+                               f"this process; results equal sequential's to float tolerance "
+                               f"(run.executor=sequential: bit for bit)")
+        return "sequential", why
     if workload.obstacle:
         return "sequential", workload.obstacle
     if workload.clients_per_round < MIN_CLIENTS_FOR_PROCESSES:
@@ -115,20 +124,6 @@ def auto_kind(device: torch.device, workload: Workload | None) -> tuple[str, str
                            f"results equal sequential's to float tolerance "
                            f"(run.executor=processes: bit for bit)")
     return "processes", why
-
-
-def grouped_advice(device: torch.device, workload: Workload | None) -> str | None:
-    """Why `run.executor=grouped` would likely be faster than `auto`'s pick, or None: on one
-    core of a CPU, for a model it trains and rounds of several clients, where a local step is
-    at most MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE. (With several cores `auto` picks it itself.)"""
-    if device.type != "cpu" or workload is None or workload.grouped_obstacle is not None \
-            or workload.clients_per_round < 2 or workload.cores >= 2:
-        return None
-    if workload.step_flops > MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE:
-        return None
-    return (f"run.executor=grouped would likely be faster here (local steps of "
-            f"{workload.step_flops / 1e6:.0f} MFLOP); its results equal these to float "
-            f"tolerance, not bit for bit")
 
 
 def executor_kind(name: str, device: torch.device, workload: Workload | None = None) -> str:
@@ -201,8 +196,6 @@ def build_executor(run: Mapping[str, Any], model: FlatModel, federation: Federat
     work = workload(run, train, model, federation) if train is not None else None
     kind = executor_kind(name, device, work)
     why = f" (auto: {auto_kind(device, work)[1]})" if name == "auto" else ""
-    if name == "auto" and (advice := grouped_advice(device, work)):
-        log.info("executor: %s", advice)
     if kind == "processes":
         if device.type != "cpu":
             raise ConfigError(f"run.executor=processes runs on the CPU; run.device is {device}")

@@ -6,7 +6,9 @@ clients, and each client's gradient v_{I(i)} + X_i with X_i isotropic normal sca
 ||X_i|| = gamma ||v_{I(i)}||. The paper plots P["correct clustering"] := P[g(alpha) > 0]; the
 bipartition of Algorithm 1 can be correct with g <= 0 too (spec 3.3), so both are reported.
 
-    python -m clusterfed.algorithms.cfl.separation [--trials 200] [--seed 0] [--json PATH]
+    python -m clusterfed.algorithms.cfl.separation [--trials 200] [--seeds 0 1 2] [--json PATH]
+
+With several seeds each cell is the mean +- std over the seeds of the per-seed probability.
 """
 
 from __future__ import annotations
@@ -67,11 +69,29 @@ def figure3(ks: Sequence[int] = KS, gammas: Sequence[float] = GAMMAS, trials: in
     return out
 
 
-def markdown(table: dict[str, dict[str, float]]) -> str:
+def over_seeds(tables: Sequence[dict[str, dict[str, float]]]
+               ) -> dict[str, dict[str, tuple[float, float]]]:
+    """{k: {gamma: (mean, sample std)}} of one quantity's per-seed tables (std 0 for one)."""
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for k, row in tables[0].items():
+        out[k] = {}
+        for gamma in row:
+            values = np.array([t[k][gamma] for t in tables])
+            std = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+            out[k][gamma] = (float(values.mean()), std)
+    return out
+
+
+def markdown(table: dict[str, dict[str, tuple[float, float]]]) -> str:
     gammas = list(next(iter(table.values())))
+    seeds = any(std for row in table.values() for _, std in row.values())
+
+    def cell(mean: float, std: float) -> str:
+        return f"{mean:.3f} ± {std:.3f}" if seeds else f"{mean:.3f}"
+
     lines = ["| k \\ gamma | " + " | ".join(gammas) + " |",
              "| --- |" + " ---: |" * len(gammas)]
-    lines += [f"| {k} | " + " | ".join(f"{row[g]:.3f}" for g in gammas) + " |"
+    lines += [f"| {k} | " + " | ".join(cell(*row[g]) for g in gammas) + " |"
               for k, row in table.items()]
     return "\n".join(lines) + "\n"
 
@@ -79,17 +99,18 @@ def markdown(table: dict[str, dict[str, float]]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    result = figure3(trials=args.trials, seed=args.seed)
+    results = [figure3(trials=args.trials, seed=seed) for seed in args.seeds]
+    print(f"{args.trials} draws a cell, seeds {', '.join(map(str, args.seeds))}\n")
     print("P[g(alpha) > 0] (the paper's 'correct clustering'):\n")
-    print(markdown(result["gap_positive"]))
+    print(markdown(over_seeds([r["gap_positive"] for r in results])))
     print("P[Algorithm 1's bipartition splits no distribution]:\n")
-    print(markdown(result["correct"]))
+    print(markdown(over_seeds([r["correct"] for r in results])))
     if args.json:
-        args.json.write_text(json.dumps({"trials": args.trials, "seed": args.seed, **result},
-                                        indent=1) + "\n")
+        args.json.write_text(json.dumps({"trials": args.trials, "seeds": args.seeds,
+                                         "per_seed": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
