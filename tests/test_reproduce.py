@@ -103,3 +103,17 @@ def test_command_line_writes_the_table(capsys, tmp_path: Path):
     assert code == 0, err
     assert "| fedavg | 50.00 ± 5.00 (own) |" in out and "fedavg seed 3:" in err
     assert (tmp_path / "r" / "fedavg" / "seed-3" / "summary.json").exists()
+
+
+def test_every_presets_paper_figures_name_algorithms_it_runs():
+    """A paper figure under a label no run carries would never reach the table."""
+    from clusterfed.experiments.reproduce import runs_of
+    checked = 0
+    for name in cfg.preset_names():
+        config = cfg.resolve(name)
+        section = config.get("reproduce") or {}
+        labels = {label for label, _ in runs_of(config)}
+        for key in ("paper", "paper_protocol"):
+            assert set(section.get(key) or {}) <= labels, (name, key, labels)
+        checked += bool(section.get("paper"))
+    assert checked >= 3
