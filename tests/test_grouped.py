@@ -268,3 +268,19 @@ def test_simulation_runs_grouped_in_workers_and_equals_sequential():
     (a, ma), (b, mb) = results["sequential"], results["grouped"]
     np.testing.assert_allclose(mb, ma, rtol=1e-4, atol=1e-6)
     assert b["final"]["mean_loss"] == pytest.approx(a["final"]["mean_loss"], rel=1e-4)
+
+
+def test_fallbacks_warn_only_where_the_user_named_the_executor(caplog):
+    """FedProx's tasks carry an objective the grouped path hands to the sequential one: a
+    warning under `run.executor=grouped`, an info line where `auto` picked grouping."""
+    def notices(executor: str) -> list[logging.LogRecord]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="clusterfed"):
+            Simulation(tiny_config("fedprox", train={"rounds": 1},
+                                   run={"threads": 1, "executor": executor})).run()
+        return [r for r in caplog.records if "running those tasks sequentially" in r.message]
+
+    named = notices("grouped")
+    assert named and all(r.levelno == logging.WARNING for r in named)
+    picked = notices("auto")
+    assert picked and all(r.levelno == logging.INFO for r in picked)

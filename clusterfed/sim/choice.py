@@ -216,9 +216,10 @@ def build_executor(run: Mapping[str, Any], model: FlatModel, federation: Federat
                  why)
         return executor
     log.info("executor: %s on %s%s", kind, device, why)
-    if kind == "vectorised":
-        return VectorisedExecutor(model, federation, seed, transform, validation_fraction,
-                                  device)
-    if kind == "grouped":
-        return GroupedExecutor(model, federation, seed, transform, validation_fraction, device)
+    if kind in ("vectorised", "grouped"):
+        cls = VectorisedExecutor if kind == "vectorised" else GroupedExecutor
+        batched = cls(model, federation, seed, transform, validation_fraction, device)
+        if name == "auto":
+            batched.notice_level = logging.INFO
+        return batched
     return SequentialExecutor(model, federation, seed, transform, validation_fraction, device)

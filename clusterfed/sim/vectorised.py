@@ -217,11 +217,15 @@ class VectorisedExecutor(SequentialExecutor):
             self._notice(self.obstacle)
 
     label = "vectorised executor"
+    # Fallbacks are warnings where the user named this executor; where `auto` picked it,
+    # running some tasks sequentially is expected and is said at info level.
+    notice_level = logging.WARNING
 
     def _notice(self, reason: str) -> None:
         if reason not in self._noticed:
             self._noticed.add(reason)
-            log.warning("%s: %s; running those tasks sequentially", self.label, reason)
+            log.log(self.notice_level, "%s: %s; running those tasks sequentially", self.label,
+                    reason)
 
     def _group_key(self, task: ClientTask) -> tuple[TrainSpec, int]:
         """Tasks of one key train together: here the spec and the number of local steps."""
