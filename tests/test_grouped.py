@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -284,3 +285,19 @@ def test_fallbacks_warn_only_where_the_user_named_the_executor(caplog):
     assert named and all(r.levelno == logging.WARNING for r in named)
     picked = notices("auto")
     assert picked and all(r.levelno == logging.INFO for r in picked)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two usable cores")
+def test_grouped_workers_picked_by_auto_do_not_warn_of_their_fallbacks(capfd):
+    """The workers build their own grouped executor: the level travels in their setup (their
+    warnings reach stderr through logging's last-resort handler)."""
+    busy = {"scenario": {"kind": "label_swap", "clients": 20, "clusters": 4},
+            "train": {"participation": 1.0, "local_epochs": 3, "rounds": 1}}
+    for executor, level in (("auto", logging.INFO), ("grouped", logging.WARNING)):
+        sim = Simulation(tiny_config("fedprox", **busy,
+                                     run={"threads": 2, "executor": executor, "workers": 2}))
+        assert sim.executor.grouped and sim.executor.notice_level == level
+        capfd.readouterr()
+        sim.run()
+        if level == logging.INFO:
+            assert "running those tasks sequentially" not in capfd.readouterr().err

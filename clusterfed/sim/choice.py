@@ -196,6 +196,8 @@ def build_executor(run: Mapping[str, Any], model: FlatModel, federation: Federat
     work = workload(run, train, model, federation) if train is not None else None
     kind = executor_kind(name, device, work)
     why = f" (auto: {auto_kind(device, work)[1]})" if name == "auto" else ""
+    # Batched executors' sequential fallbacks: expected where `auto` picked them.
+    notice_level = logging.INFO if name == "auto" else logging.WARNING
     if kind == "processes":
         if device.type != "cpu":
             raise ConfigError(f"run.executor=processes runs on the CPU; run.device is {device}")
@@ -211,15 +213,15 @@ def build_executor(run: Mapping[str, Any], model: FlatModel, federation: Federat
         and work.samples_per_round >= MIN_SAMPLES_FOR_PROCESSES else 1))
     if kind == "grouped" and workers > 1 and device.type == "cpu":
         executor = ProcessExecutor(model, federation, seed, transform, validation_fraction,
-                                   workers, grouped=True)
+                                   workers, grouped=True, notice_level=notice_level)
         log.info("executor: grouped in %d worker processes on %s%s", executor.workers, device,
                  why)
         return executor
     log.info("executor: %s on %s%s", kind, device, why)
-    if kind in ("vectorised", "grouped"):
-        cls = VectorisedExecutor if kind == "vectorised" else GroupedExecutor
-        batched = cls(model, federation, seed, transform, validation_fraction, device)
-        if name == "auto":
-            batched.notice_level = logging.INFO
-        return batched
+    if kind == "vectorised":
+        return VectorisedExecutor(model, federation, seed, transform, validation_fraction,
+                                  device, notice_level=notice_level)
+    if kind == "grouped":
+        return GroupedExecutor(model, federation, seed, transform, validation_fraction, device,
+                               notice_level=notice_level)
     return SequentialExecutor(model, federation, seed, transform, validation_fraction, device)

@@ -27,6 +27,7 @@ runs on the sequential path, with a logged notice.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Sequence
 
@@ -168,9 +169,9 @@ class GroupedExecutor(VectorisedExecutor):
     def __init__(self, model: FlatModel, federation: Federation, seed: int,
                  transform: ParameterTransform | None = None,
                  validation_fraction: float = 0.0, device: str | torch.device = "cpu",
-                 max_clients: int | None = None) -> None:
+                 max_clients: int | None = None, notice_level: int = logging.WARNING) -> None:
         super().__init__(model, federation, seed, transform, validation_fraction, device,
-                         max_clients)
+                         max_clients, notice_level)
         self.obstacle = grouped_obstacle(model.module)
         if self.obstacle:
             self._notice(self.obstacle)

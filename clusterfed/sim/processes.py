@@ -244,6 +244,7 @@ class WorkerSetup:
     n_classes: int
     input_shape: tuple[int, ...]
     grouped: bool = False           # each worker runs the grouped executor on its share
+    notice_level: int = logging.WARNING   # of the grouped executor's sequential fallbacks
 
 
 def _federation(setup: WorkerSetup, views: list[np.ndarray]) -> Federation:
@@ -268,7 +269,7 @@ def worker_main(conn: Connection, setup: WorkerSetup) -> None:
             from clusterfed.sim.grouped import GroupedExecutor
             executor: ClientRuntime = GroupedExecutor(
                 FlatModel(module), federation, setup.seed, setup.transform,
-                setup.validation_fraction)
+                setup.validation_fraction, notice_level=setup.notice_level)
         else:
             executor = ClientRuntime(FlatModel(module), federation, setup.seed,
                                      setup.transform, setup.validation_fraction)
@@ -477,7 +478,7 @@ class ProcessExecutor:
     def __init__(self, model: FlatModel, federation: Federation, seed: int,
                  transform: ParameterTransform | None = None,
                  validation_fraction: float = 0.0, workers: int | None = None,
-                 grouped: bool = False) -> None:
+                 grouped: bool = False, notice_level: int = logging.WARNING) -> None:
         # This process's own executor: evaluation, sizes, and models workers cannot share.
         self.local = SequentialExecutor(model, federation, seed, transform, validation_fraction)
         self.federation = federation
@@ -485,6 +486,7 @@ class ProcessExecutor:
         self.transform = transform
         self.validation_fraction = validation_fraction
         self.grouped = grouped
+        self.notice_level = notice_level
         self.workers = workers or usable_cores()
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
@@ -510,7 +512,7 @@ class ProcessExecutor:
             setup = WorkerSetup(
                 pickle.dumps(self.local.model.module), self.seed, self.transform,
                 self.validation_fraction, data.write(arrays), self.federation.n_classes,
-                tuple(self.federation.input_shape), self.grouped)
+                tuple(self.federation.input_shape), self.grouped, self.notice_level)
             data.close()   # the workers map it; this process keeps the federation's arrays
             pool = _Pool(setup, data, self.workers)
         except BaseException:

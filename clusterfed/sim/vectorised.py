@@ -201,15 +201,18 @@ class VectorisedExecutor(SequentialExecutor):
     """Runs the TRAIN tasks of a round together, grouped by local steps, with vmap.
 
     `max_clients` caps the clients per vmap call (default: sized to a memory budget, 512 MiB
-    on CPU and a quarter of the free memory on CUDA).
+    on CPU and a quarter of the free memory on CUDA). `notice_level`: the level of the notices
+    of tasks run sequentially; a warning where the user named this executor, info where `auto`
+    picked it (running some tasks sequentially is then expected).
     """
 
     def __init__(self, model: FlatModel, federation: Federation, seed: int,
                  transform: ParameterTransform | None = None,
                  validation_fraction: float = 0.0, device: str | torch.device = "cpu",
-                 max_clients: int | None = None) -> None:
+                 max_clients: int | None = None, notice_level: int = logging.WARNING) -> None:
         super().__init__(model, federation, seed, transform, validation_fraction, device)
         self.max_clients = max_clients
+        self.notice_level = notice_level
         self.obstacle = module_obstacle(model.module)
         self._noticed: set[str] = set()
         self._uploaded: tuple[np.ndarray, torch.Tensor] | None = None
@@ -217,9 +220,6 @@ class VectorisedExecutor(SequentialExecutor):
             self._notice(self.obstacle)
 
     label = "vectorised executor"
-    # Fallbacks are warnings where the user named this executor; where `auto` picked it,
-    # running some tasks sequentially is expected and is said at info level.
-    notice_level = logging.WARNING
 
     def _notice(self, reason: str) -> None:
         if reason not in self._noticed:
