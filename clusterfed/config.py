@@ -57,6 +57,9 @@ DEFAULTS: dict[str, Any] = {
         "workers": None,        # processes: worker count (default: run.threads, else the cores);
                                 # grouped: 2 or more runs it in that many workers
     },
+    # Late clients for any algorithm (algorithms/newcomers.py): out of the federation until
+    # round join_round (0-based), when each receives a model and fine-tunes it locally once.
+    "newcomers": {"clients": [], "join_round": None, "finetune": True, "join": "least_loss"},
     "compare": {"algorithms": []},
     # `clusterfed sweep`: dotted keys -> value lists (see clusterfed/experiments/sweep.py).
     "sweep": {},
@@ -65,13 +68,15 @@ DEFAULTS: dict[str, Any] = {
 }
 
 # Sections whose keys are fixed here; the others also take their kind's own keys.
-CLOSED_SECTIONS = {"train", "eval", "run", "compare"}
+CLOSED_SECTIONS = {"train", "eval", "run", "compare", "newcomers"}
 # Changing one of these keys drops the base config's other keys of that section.
 KIND_KEYS = {"data": "dataset", "scenario": "kind", "model": "name", "algorithm": "name"}
 # "sampled_local": LCFL's authors' figure (sim/protocols.py, `SampledLocal`); "mixture":
 # FedEM's and FedRC's prediction, each client's mixture of the models (`Mixture`).
 EVAL_PROTOCOLS = ("cluster", "local", "best_of_path", "sampled_local", "min_test_loss",
                   "mixture")
+# How a newcomer gets its model (algorithms/newcomers.py).
+NEWCOMER_JOIN_RULES = ("least_loss", "served")
 # Keys that keep their meaning when the section's kind changes.
 KIND_INDEPENDENT = {
     "scenario": {"clients", "clusters", "samples_per_client", "test_samples_per_client", "test",
@@ -259,6 +264,29 @@ def validate(config: Mapping[str, Any]) -> None:
     every = config["run"]["checkpoint_every"]
     if not isinstance(every, int) or every < 0:
         raise ConfigError(f"run.checkpoint_every must be an integer >= 0 (0: never), got {every!r}")
+    _check_newcomers(config["newcomers"])
+
+
+def _check_newcomers(section: Mapping[str, Any]) -> None:
+    """Types of the config's `newcomers` section (its ids are checked against the federation
+    when the run starts)."""
+    clients = section["clients"]
+    if not isinstance(clients, list | tuple) or not all(
+            isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in clients):
+        raise ConfigError(f"newcomers.clients must be a list of client ids, got {clients!r}")
+    if len(set(clients)) != len(clients):
+        raise ConfigError("newcomers.clients lists a client twice")
+    join_round = section["join_round"]
+    if clients and (not isinstance(join_round, int) or isinstance(join_round, bool)
+                    or join_round < 1):
+        raise ConfigError(f"newcomers.join_round must be a round >= 1 (0-based) when there are "
+                          f"newcomers, got {join_round!r}")
+    if section["join"] not in NEWCOMER_JOIN_RULES:
+        raise ConfigError(f"newcomers.join must be one of {', '.join(NEWCOMER_JOIN_RULES)}, "
+                          f"got {section['join']!r}")
+    if not isinstance(section["finetune"], bool):
+        raise ConfigError(f"newcomers.finetune must be true or false, "
+                          f"got {section['finetune']!r}")
 
 
 def dump(config: Mapping[str, Any]) -> str:

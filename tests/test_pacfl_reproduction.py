@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from clusterfed import config as cfg
+from clusterfed.algorithms.newcomers import newcomer_ids
 from clusterfed.experiments.compare import compare
 from clusterfed.sim.simulation import run_config
 
@@ -42,6 +43,6 @@ def test_newcomers_get_a_model_as_good_as_the_old_clients(shared_data: Path, tmp
     config = cfg.resolve("pacfl-newcomers-small", ["run.progress=false", "run.threads=1"])
     summary = run_config(config, tmp_path, data_dir=str(shared_data))
     acc = np.asarray(summary["final"]["per_client_accuracy"])
-    newcomers = config["algorithm"]["newcomers"]
+    newcomers = newcomer_ids(config)
     old = np.setdiff1d(np.arange(len(acc)), newcomers)
     assert acc[newcomers].mean() >= acc[old].mean() - 0.05

@@ -168,13 +168,35 @@ def check_choices(options: object, choices: Mapping[str, Sequence[str]]) -> None
             raise ValueError(f"{name} must be one of {', '.join(valid)}, got {value!r}")
 
 
-def build_algorithm(section: Mapping[str, Any]) -> Algorithm[Any]:
-    """Build an algorithm from the config's `algorithm` section (its name and its own fields)."""
+def build_algorithm(section: Mapping[str, Any],
+                    newcomers: Mapping[str, Any] | None = None) -> Algorithm[Any]:
+    """Build an algorithm from the config's `algorithm` section (its name and its own fields)
+    and, if it lists clients, the config's `newcomers` section: a method with its own arrival
+    rule (`own_newcomers`) takes them as its options, any other is wrapped (`Newcomers`)."""
     options = dict(section)
     name = options.pop("name", None)
     cls = ALGORITHMS.get(str(name))
+    late = list((newcomers or {}).get("clients") or [])
+    own = bool(late) and getattr(cls, "own_newcomers", False)
+    if own:
+        assert newcomers is not None
+        if options.get("newcomers"):
+            raise ConfigError(f"algorithm {name}: newcomers are set twice, in the newcomers "
+                              f"section and as algorithm.newcomers; keep one")
+        options.update(newcomers=late, join_round=newcomers["join_round"])
+        if "finetune_newcomers" in (accepted_keys(cls) or ()):
+            options["finetune_newcomers"] = newcomers["finetune"]
     check_keys("algorithm", options, accepted_keys(cls))
     try:
-        return cls(**options)
+        algorithm = cls(**options)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"algorithm {name}: {err}") from err
+    if not late or own:
+        return algorithm
+    from clusterfed.algorithms.newcomers import Newcomers  # it builds on this module
+
+    try:
+        return Newcomers(algorithm, tuple(int(c) for c in late), int(newcomers["join_round"]),
+                         bool(newcomers["finetune"]), str(newcomers["join"]))
+    except ValueError as err:
+        raise ConfigError(f"newcomers: {err}") from err

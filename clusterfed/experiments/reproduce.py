@@ -123,7 +123,9 @@ def _same_data(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 
 def figures(summary: Mapping[str, Any]) -> dict[str, float]:
+    """A run's figures; a run with newcomers is scored on them alone (PACFL's Table 3)."""
     final = summary["final"]
+    final = final.get("newcomers", final)
     ari = summary["clustering"].get("ari")
     return {"own": 100 * float(final["mean_accuracy"]),
             "cluster": 100 * float(final.get("cluster_mean_accuracy", float("nan"))),

@@ -141,7 +141,7 @@ def build_run(config: Mapping[str, Any], *, federation: Federation | None = None
                                 "n_classes": federation.n_classes, **config["model"]})
         initial_params(module, seed)
     model = FlatModel(module)
-    algorithm = build_algorithm(config["algorithm"])
+    algorithm = build_algorithm(config["algorithm"], config["newcomers"])
     spec = train_spec(config["train"])
     # Only the in-process executor needs the transform; a given one holds its own (or its
     # nodes do), so a server never derives one, let alone reads a secret file.

@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from clusterfed.algorithms import ClusterView, RoundContext
 from clusterfed.algorithms.cfl.maths import separation_gap
+from clusterfed.algorithms.newcomers import newcomer_ids
 from clusterfed.clustering.metrics import (
     grouping_scores,
     has_truth,
@@ -325,7 +326,8 @@ class Simulation:
                       "per_true_cluster_accuracy": last["per_true_cluster_accuracy"],
                       **{k: last[k] for k in ("cluster_mean_accuracy",
                                               "cluster_per_client_accuracy",
-                                              "clients_at_target") if k in last}},
+                                              "clients_at_target") if k in last},
+                      **self._newcomers_figures(last)},
             # Without a truth every figure that needs it is None (null), never a made-up score.
             "clustering": {"assignment": view.assignment.tolist(),
                            "true_assignment": true.tolist() if has_truth(true) else None,
@@ -334,6 +336,17 @@ class Simulation:
                            **grouping_scores(self.federation.groupings, view.assignment),
                            **self._shares_score(state, view)},
         }
+
+    def _newcomers_figures(self, last: Mapping[str, Any]) -> dict[str, Any]:
+        """The late clients' mean accuracies (PACFL's Table 3 figure), where there are any."""
+        ids = newcomer_ids(self.config)
+        if not ids:
+            return {}
+        figures = {"mean_accuracy": float(np.mean(np.asarray(last["per_client_accuracy"])[ids]))}
+        if "cluster_per_client_accuracy" in last:
+            figures["cluster_mean_accuracy"] = float(np.mean(
+                np.asarray(last["cluster_per_client_accuracy"])[ids]))
+        return {"newcomers": {"clients": ids, **figures}}
 
     def _shares_score(self, state: Any, view: ClusterView) -> dict[str, float]:
         """Against a mixture scenario's true shares: how far the method's weights on its

@@ -123,6 +123,7 @@ class CFL:
     leave_round: int = 0
     sees: ClassVar[frozenset[str]] = frozenset({"concept"})
     toy_mixture_options: ClassVar[dict[str, Any]] = {"rounds": 30}
+    own_newcomers: ClassVar[bool] = True   # Alg. 4: the `newcomers` section sets its own
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
         "bipartition": ("optimal", "complete"), "mode": ("alg5", "alg3"),
         "acceptance": ("estimated", "fixed"),

@@ -101,6 +101,7 @@ class PACFL:
     # Not claimed: label swaps keep each client's images, hence its signature (see README).
     sees: ClassVar[frozenset[str]] = frozenset({"feature", "label"})
     toy_mixture_options: ClassVar[dict[str, Any] | None] = None
+    own_newcomers: ClassVar[bool] = True   # Algs. 2-3: the `newcomers` section sets its own
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
         "linkage": pc.LINKAGES, "measure": pa.MEASURES, "signature": ("per_class", "whole"),
         "svd": pa.SVD_METHODS, "newcomer_rule": ("nearest", "rerun")}

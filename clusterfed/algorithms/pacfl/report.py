@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy.cluster.hierarchy import dendrogram  # noqa: E402
 
+from clusterfed.algorithms.newcomers import newcomer_ids  # noqa: E402
 from clusterfed.algorithms.pacfl import principal_angles as pa  # noqa: E402
 from clusterfed.report import plots  # noqa: E402
 from clusterfed.run_folder import read_config, read_jsonl  # noqa: E402
@@ -194,7 +195,7 @@ def targets_table(runs: Mapping[str, Sequence[Record]], participation: float,
 
 def newcomer_accuracy(summary: Record, config: Record) -> tuple[float, float | None] | None:
     """Mean final accuracy of the newcomers: own models and, if scored, cluster models."""
-    newcomers = list(config.get("algorithm", {}).get("newcomers") or [])
+    newcomers = newcomer_ids(config)
     if not newcomers:
         return None
     final = summary["final"]
@@ -237,7 +238,7 @@ def run_section(folder: Path, summary: Record, metrics: Sequence[Record]) -> lis
                      f"cluster model: {final['cluster_mean_accuracy']:.4f}")
     news = newcomer_accuracy(summary, config)
     if news is not None:
-        text = f"- newcomers ({len(config['algorithm']['newcomers'])}): mean accuracy {news[0]:.4f}"
+        text = f"- newcomers ({len(newcomer_ids(config))}): mean accuracy {news[0]:.4f}"
         if news[1] is not None:
             text += f" (cluster models {news[1]:.4f})"
         joins = [e for e in found if e["type"] == "pacfl_newcomers"]

@@ -1,0 +1,178 @@
+"""Newcomers for any algorithm (algorithms/newcomers.py): out until they arrive, then a model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from helpers import comparable, ctx, tiny_config
+
+from clusterfed import state as st
+from clusterfed.algorithms import ClusterView, Setup, Update, build_algorithm
+from clusterfed.algorithms.newcomers import NOT_JOINED, Newcomers, newcomer_ids
+from clusterfed.client import ClientResult, ClientTask, TaskKind
+from clusterfed.config import merge, resolve
+from clusterfed.errors import ConfigError
+from clusterfed.sim.simulation import resume_run, run_config
+from clusterfed.state import serialisable
+
+D = 3
+MODELS = np.array([[0.0] * D, [1.0] * D, [2.0] * D], dtype=np.float32)
+
+
+@serialisable
+@dataclass(frozen=True)
+class StubState:
+    trained: np.ndarray   # how often each client's result reached update
+
+
+@dataclass(frozen=True)
+class Stub:
+    """Serves MODELS[c % models] to client c; every sampled client trains its model."""
+
+    models: int = 3
+
+    def init(self, setup: Setup) -> StubState:
+        return StubState(np.zeros(setup.num_clients, dtype=np.int64))
+
+    def plan(self, state: StubState, c) -> list[ClientTask]:
+        return [ClientTask(int(i), TaskKind.TRAIN, MODELS[int(i) % self.models], c.train)
+                for i in c.sampled]
+
+    def update(self, state: StubState, c, results) -> Update:
+        trained = state.trained.copy()
+        for r in results:
+            trained[r.client] += 1
+        return Update(StubState(trained))
+
+    def clusters(self, state: StubState) -> ClusterView:
+        n = len(state.trained)
+        return ClusterView(MODELS[: self.models], np.arange(n) % self.models)
+
+
+def setup(n: int = 10) -> Setup:
+    return Setup(n, np.zeros(D, dtype=np.float32), np.full(n, 20), 0)
+
+
+def trained(tasks: list[ClientTask]) -> list[ClientResult]:
+    return [ClientResult(t.client, TaskKind.TRAIN, 20, np.zeros(D, np.float32), 0.1)
+            for t in tasks]
+
+
+def test_newcomers_sit_out_then_take_the_least_loss_model_and_fine_tune_it():
+    algo = Newcomers(Stub(), (8, 9), join_round=2)
+    state = algo.init(setup())
+    for r in range(2):   # every client sampled: only the old ones train
+        tasks = algo.plan(state, ctx(r, np.arange(10)))
+        assert sorted(t.client for t in tasks) == list(range(8))
+        state = algo.update(state, ctx(r, np.arange(10)), trained(tasks)).state
+    assert state.base.trained.tolist() == [2] * 8 + [0, 0]
+    assert state.given.tolist() == [NOT_JOINED] * 2
+    # Arrival, step 0: each newcomer scores every shared model on its training data.
+    tasks = algo.plan(state, ctx(2, np.arange(10)))
+    assert [(t.client, t.kind) for t in tasks] == [(8, TaskKind.LOSSES), (9, TaskKind.LOSSES)]
+    np.testing.assert_array_equal(tasks[0].params, MODELS)
+    losses = [ClientResult(8, TaskKind.LOSSES, 20, losses=np.array([0.7, 0.2, 0.9])),
+              ClientResult(9, TaskKind.LOSSES, 20, losses=np.array([0.4, 0.8, 0.3]))]
+    upd = algo.update(state, ctx(2, np.arange(10)), losses)
+    assert not upd.round_done
+    state = upd.state
+    assert state.given.tolist() == [1, 2]   # the least loss, not the served 8 % 3, 9 % 3
+    view = algo.clusters(state)
+    assert view.assignment.tolist() == [0, 1, 2, 0, 1, 2, 0, 1, 1, 2]
+    # Step 1: each fine-tunes its model; nothing reaches the federation's state.
+    tasks = algo.plan(state, ctx(2, np.arange(10), step=1))
+    assert [(t.client, t.kind) for t in tasks] == [(8, TaskKind.TRAIN), (9, TaskKind.TRAIN)]
+    np.testing.assert_array_equal(tasks[0].params, MODELS[1])
+    np.testing.assert_array_equal(tasks[1].params, MODELS[2])
+    upd = algo.update(state, ctx(2, np.arange(10), step=1), trained(tasks))
+    assert upd.round_done and upd.state.base.trained.tolist() == [2] * 8 + [0, 0]
+    # After the arrival the newcomers stay out of the federation.
+    assert 8 not in {t.client for t in algo.plan(upd.state, ctx(3, np.arange(10)))}
+
+
+def test_one_model_or_a_model_a_client_is_served_without_a_choice():
+    for models, n in ((1, 10), (3, 4)):   # FedAvg's one model; 3 models for 2 old clients
+        algo = Newcomers(Stub(models), (n - 2, n - 1), join_round=1)
+        state = algo.init(setup(n))
+        tasks = algo.plan(state, ctx(1, np.arange(n)))
+        assert [t.kind for t in tasks] == [TaskKind.TRAIN] * 2
+        np.testing.assert_array_equal(tasks[0].params, MODELS[(n - 2) % models])
+    served = Newcomers(Stub(), (8, 9), join_round=1, join="served")
+    assert [t.kind for t in served.plan(served.init(setup()), ctx(1, np.arange(10)))] == \
+        [TaskKind.TRAIN] * 2
+    quiet = Newcomers(Stub(1), (8, 9), join_round=1, finetune=False)
+    assert quiet.plan(quiet.init(setup()), ctx(1, np.arange(10))) == []
+
+
+def test_bad_newcomers_are_refused_with_the_key_named():
+    with pytest.raises(ConfigError, match="newcomers.join_round"):
+        resolve({"newcomers": {"clients": [1]}})
+    with pytest.raises(ConfigError, match="newcomers.clients"):
+        resolve({"newcomers": {"clients": "7", "join_round": 2}})
+    with pytest.raises(ConfigError, match="twice"):
+        resolve({"newcomers": {"clients": [1, 1], "join_round": 2}})
+    with pytest.raises(ConfigError, match="newcomers.join must"):
+        resolve({"newcomers": {"clients": [1], "join_round": 2, "join": "nearest"}})
+    with pytest.raises(ConfigError, match="does not exist"):
+        Newcomers(Stub(), (12,), join_round=1).init(setup())
+    section = {"clients": [6, 7], "join_round": 2, "finetune": True, "join": "least_loss"}
+    with pytest.raises(ConfigError, match="set twice"):
+        build_algorithm({"name": "pacfl", "newcomers": [5], "join_round": 2}, section)
+
+
+def test_methods_with_their_own_arrival_rule_take_the_section_as_their_options():
+    section = {"clients": [6, 7], "join_round": 2, "finetune": False, "join": "least_loss"}
+    pacfl = build_algorithm({"name": "pacfl"}, section)
+    assert (tuple(pacfl.newcomers), pacfl.join_round, pacfl.finetune_newcomers) == \
+        ((6, 7), 2, False)
+    assert not isinstance(build_algorithm({"name": "cfl"}, section), Newcomers)
+    wrapped = build_algorithm({"name": "per_fedavg"}, section)
+    assert isinstance(wrapped, Newcomers)
+    assert wrapped.adaptation == wrapped.base.adaptation   # its test-time step stays
+    assert not hasattr(build_algorithm({"name": "fedavg"}, section), "adaptation")
+    assert newcomer_ids({"newcomers": section}) == [6, 7]
+    assert newcomer_ids({"algorithm": {"name": "pacfl", "newcomers": [3]}}) == [3]
+
+
+def toy_with_newcomers(name: str, **options) -> dict:
+    """The contract's toy mixture (4 label swaps) over 12 clients, clients 10 and 11 late."""
+    cfg = tiny_config(name, scenario={"kind": "label_swap", "clients": 12, "clusters": 4},
+                      train={"rounds": 15, "participation": 1.0, "local_epochs": 3,
+                             "batch_size": 10, "lr": 0.05, "momentum": 0.5},
+                      eval={"every": 5, "protocol": "local", "also_cluster": True},
+                      newcomers={"clients": [10, 11], "join_round": 14},
+                      run={"checkpoint_every": 0})
+    return merge(cfg, {"algorithm": {"name": name, **options}})
+
+
+def test_ifca_newcomers_join_their_true_cluster_by_least_loss(tmp_path):
+    summary = run_config(toy_with_newcomers("ifca"), tmp_path)
+    clustering = summary["clustering"]
+    found, true = np.array(clustering["assignment"]), np.array(clustering["true_assignment"])
+    for c in (10, 11):   # the model of the old clients of its true cluster
+        peers = [p for p in range(10) if true[p] == true[c]]
+        assert set(found[peers]) == {found[c]}, (c, found.tolist(), true.tolist())
+    assert clustering["ari"] >= 0.9
+    final = summary["final"]
+    # Fine-tuned on arrival: the own model differs from the cluster model it received.
+    assert final["per_client_accuracy"][10:] != final["cluster_per_client_accuracy"][10:]
+
+
+def test_a_run_cut_off_after_the_arrival_resumes_to_the_same_summary(tmp_path):
+    cfg = merge(toy_with_newcomers("ifca", restarts=1, k=4),
+                {"train": {"rounds": 5}, "newcomers": {"join_round": 2},
+                 "run": {"checkpoint_every": 1}})
+    whole = run_config(cfg, tmp_path / "whole")
+
+    def stop_after_the_arrival(completed: int, record) -> bool:
+        if completed == 4:
+            raise KeyboardInterrupt
+        return False
+
+    with pytest.raises(KeyboardInterrupt):
+        run_config(cfg, tmp_path / "broken", callbacks=[stop_after_the_arrival])
+    state = st.loads((tmp_path / "broken" / "checkpoint.npz").read_bytes())["state"]
+    assert (state.given != NOT_JOINED).all()   # the newcomers' models survive the checkpoint
+    assert comparable(resume_run(tmp_path / "broken")) == comparable(whole)
