@@ -296,4 +296,6 @@ def test_pairings_cut_every_pairing_from_one_run_and_train_only_distinct_partiti
         assert row["n_clusters"] == len(set(row["labels"])) <= row["tau"]
         assert row["r50"]["mean_accuracy"] is not None
     assert len(fp.best_rows(rows)) == 10
-    assert "| FedAvg |" in (tmp_path / "table.md").read_text()
+    table = (tmp_path / "table.md").read_text()
+    assert "| FedAvg |" in table
+    assert "acc r3 |" in table and "r50" not in table   # the run's own last round, named
