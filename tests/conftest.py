@@ -35,10 +35,16 @@ def _isolated_data_root(tmp_path_factory: pytest.TempPathFactory,
 
 
 @pytest.fixture
-def one_thread():
+def torch_threads():
+    """Set torch's thread count for the test: `torch_threads(n)`; the count before is restored
+    after it, so no later test runs at a leaked count."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def one_thread(torch_threads):
     """torch at one thread for the test, as every worker process computes: a sequential
     reference then sums in the workers' order (the thread count changes float sums)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    torch_threads(1)
