@@ -35,8 +35,11 @@ def result_line(summary: dict[str, Any]) -> str:
     # Further true groupings (a corruption, noisy labels): their ARI after the clusters'.
     also = "".join(f", ARI vs {name} {score_text(g['ari'])}"
                    for name, g in c.get("groupings", {}).items())
-    return (f"{summary['algorithm']}: mean accuracy {summary['final']['mean_accuracy']:.4f}, "
-            f"{c['n_clusters']} clusters, ARI {ari}{also}, {summary['wall_seconds']:.1f} s")
+    news = summary["final"].get("newcomers")
+    late = f" (newcomers {news['mean_accuracy']:.4f})" if news else ""
+    return (f"{summary['algorithm']}: mean accuracy {summary['final']['mean_accuracy']:.4f}"
+            f"{late}, {c['n_clusters']} clusters, ARI {ari}{also}, "
+            f"{summary['wall_seconds']:.1f} s")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -29,16 +29,19 @@ class StubState:
 
 @dataclass(frozen=True)
 class Stub:
-    """Serves MODELS[c % models] to client c; every sampled client trains its model."""
+    """Serves MODELS[c % models] to client c; every sampled client (`everyone`: every client)
+    trains its model."""
 
     models: int = 3
+    everyone: bool = False
 
     def init(self, setup: Setup) -> StubState:
         return StubState(np.zeros(setup.num_clients, dtype=np.int64))
 
     def plan(self, state: StubState, c) -> list[ClientTask]:
+        who = range(len(state.trained)) if self.everyone else c.sampled
         return [ClientTask(int(i), TaskKind.TRAIN, MODELS[int(i) % self.models], c.train)
-                for i in c.sampled]
+                for i in who]
 
     def update(self, state: StubState, c, results) -> Update:
         trained = state.trained.copy()
@@ -90,6 +93,10 @@ def test_newcomers_sit_out_then_take_the_least_loss_model_and_fine_tune_it():
     assert upd.round_done and upd.state.base.trained.tolist() == [2] * 8 + [0, 0]
     # After the arrival the newcomers stay out of the federation.
     assert 8 not in {t.client for t in algo.plan(upd.state, ctx(3, np.arange(10)))}
+    # Also from a base that plans for every client, sampled or not (Local's default).
+    everyone = Newcomers(Stub(everyone=True), (8, 9), join_round=2)
+    planned = everyone.plan(everyone.init(setup()), ctx(0, np.array([1, 8])))
+    assert sorted(t.client for t in planned) == list(range(8))
 
 
 def test_one_model_or_a_model_a_client_is_served_without_a_choice():
@@ -136,28 +143,31 @@ def test_methods_with_their_own_arrival_rule_take_the_section_as_their_options()
     assert newcomer_ids({"algorithm": {"name": "pacfl", "newcomers": [3]}}) == [3]
 
 
-def toy_with_newcomers(name: str, **options) -> dict:
+def toy_with_newcomers(name: str, clients: int = 12, late: tuple[int, ...] = (10, 11),
+                       **options) -> dict:
     """The contract's toy mixture (4 label swaps) over 12 clients, clients 10 and 11 late."""
-    cfg = tiny_config(name, scenario={"kind": "label_swap", "clients": 12, "clusters": 4},
+    cfg = tiny_config(name, scenario={"kind": "label_swap", "clients": clients, "clusters": 4},
                       train={"rounds": 15, "participation": 1.0, "local_epochs": 3,
                              "batch_size": 10, "lr": 0.05, "momentum": 0.5},
                       eval={"every": 5, "protocol": "local", "also_cluster": True},
-                      newcomers={"clients": [10, 11], "join_round": 14},
+                      newcomers={"clients": list(late), "join_round": 14},
                       run={"checkpoint_every": 0})
     return merge(cfg, {"algorithm": {"name": name, **options}})
 
 
 def test_ifca_newcomers_join_their_true_cluster_by_least_loss(tmp_path):
-    summary = run_config(toy_with_newcomers("ifca"), tmp_path)
+    # 16 clients, 4 a true cluster; one newcomer in the first cluster, one in the last.
+    summary = run_config(toy_with_newcomers("ifca", clients=16, late=(3, 14)), tmp_path)
     clustering = summary["clustering"]
     found, true = np.array(clustering["assignment"]), np.array(clustering["true_assignment"])
-    for c in (10, 11):   # the model of the old clients of its true cluster
-        peers = [p for p in range(10) if true[p] == true[c]]
+    assert clustering["ari"] >= 0.9, (found.tolist(), true.tolist())
+    for c in (3, 14):   # the model of the old clients of its true cluster
+        peers = [p for p in range(16) if true[p] == true[c] and p not in (3, 14)]
         assert set(found[peers]) == {found[c]}, (c, found.tolist(), true.tolist())
-    assert clustering["ari"] >= 0.9
     final = summary["final"]
     # Fine-tuned on arrival: the own model differs from the cluster model it received.
-    assert final["per_client_accuracy"][10:] != final["cluster_per_client_accuracy"][10:]
+    for c in (3, 14):
+        assert final["per_client_accuracy"][c] != final["cluster_per_client_accuracy"][c]
 
 
 def test_a_run_cut_off_after_the_arrival_resumes_to_the_same_summary(tmp_path):
@@ -176,3 +186,20 @@ def test_a_run_cut_off_after_the_arrival_resumes_to_the_same_summary(tmp_path):
     state = st.loads((tmp_path / "broken" / "checkpoint.npz").read_bytes())["state"]
     assert (state.given != NOT_JOINED).all()   # the newcomers' models survive the checkpoint
     assert comparable(resume_run(tmp_path / "broken")) == comparable(whole)
+
+
+def test_compare_shows_the_newcomers_figures_beside_everyone_s(tmp_path):
+    from clusterfed.experiments.compare import compare, format_table, table_rows
+
+    config = merge(toy_with_newcomers("fedavg"), {"train": {"rounds": 3},
+                                                   "newcomers": {"join_round": 2}})
+    result = compare(config, tmp_path, ["fedavg", "local"])
+    rows = table_rows(result)
+    assert rows[0][:4] == ["algorithm", "mean acc", "newcomers", "as received"]
+    for row, name in zip(rows[1:], ("fedavg", "local"), strict=True):
+        news = result["summaries"][name]["final"]["newcomers"]
+        assert news["clients"] == [10, 11]
+        per_client = result["summaries"][name]["final"]["per_client_accuracy"]
+        assert news["mean_accuracy"] == pytest.approx(np.mean(per_client[10:]))
+        assert row[2] == f"{news['mean_accuracy']:.4f}"
+    assert "newcomers" in format_table(rows)

@@ -104,7 +104,10 @@ class Newcomers:
 
     def plan(self, state: NewcomersState, ctx: RoundContext) -> list[ClientTask]:
         if ctx.round != self.join_round:
-            return self.base.plan(state.base, self._federation(ctx))
+            # A base that plans beyond the sample (Local's every client, IFCA's selection
+            # round) still never reaches a newcomer: they are not there.
+            return [t for t in self.base.plan(state.base, self._federation(ctx))
+                    if t.client not in self.late]
         view = self.base.clusters(state.base)
         candidates = self._candidates(view)
         if ctx.step == 0 and len(candidates):

@@ -78,10 +78,17 @@ def compare(config: Mapping[str, Any], out_dir: str | Path, names: Sequence[str]
 
 def table_rows(comparison: Mapping[str, Any]) -> list[list[str]]:
     """The comparison table; ARI is n/a for a federation without a truth (own data)."""
-    rows = [["algorithm", "mean acc", "ARI", "clusters", "seconds"]]
-    for name in comparison["algorithms"]:
-        s = comparison["summaries"][name]
-        rows.append([name, f"{s['final']['mean_accuracy']:.4f}",
+    summaries = [comparison["summaries"][name] for name in comparison["algorithms"]]
+    # Runs with newcomers also show the newcomers' figures (PACFL's Table 3): their own
+    # models' mean and the served models' as received (cluster), where scored.
+    late = any("newcomers" in s["final"] for s in summaries)
+    rows = [["algorithm", "mean acc", *(["newcomers", "as received"] if late else []),
+             "ARI", "clusters", "seconds"]]
+    for name, s in zip(comparison["algorithms"], summaries, strict=True):
+        news = s["final"].get("newcomers", {})
+        extra = [f"{news[k]:.4f}" if k in news else "-"
+                 for k in ("mean_accuracy", "cluster_mean_accuracy")] if late else []
+        rows.append([name, f"{s['final']['mean_accuracy']:.4f}", *extra,
                      score_text(s["clustering"].get("ari")),
                      str(s["clustering"]["n_clusters"]), f"{s['wall_seconds']:.1f}"])
     return rows
