@@ -54,6 +54,17 @@ def newcomer_ids(config: Mapping[str, Any]) -> list[int]:
                              or config.get("algorithm", {}).get("newcomers") or [])]
 
 
+def newcomer_figures(record: Mapping[str, Any], ids: Sequence[int]) -> dict[str, Any]:
+    """The newcomers' mean accuracies in an evaluated record (or a summary's `final`): their
+    own models' and, where scored, their served models' (`cluster_per_client_accuracy`)."""
+    figures: dict[str, Any] = {"clients": list(ids), "mean_accuracy": float(
+        np.mean(np.asarray(record["per_client_accuracy"])[list(ids)]))}
+    if record.get("cluster_per_client_accuracy"):
+        figures["cluster_mean_accuracy"] = float(np.mean(
+            np.asarray(record["cluster_per_client_accuracy"])[list(ids)]))
+    return figures
+
+
 @dataclass(frozen=True)
 class Newcomers:
     """`base` run without `clients` until `join_round`, when they arrive (module docstring)."""
@@ -91,8 +102,7 @@ class Newcomers:
     # The federation, without the newcomers --------------------------------------------------
 
     def _federation(self, ctx: RoundContext) -> RoundContext:
-        return replace(ctx, sampled=np.array([c for c in ctx.sampled.tolist()
-                                              if c not in self.late], dtype=ctx.sampled.dtype))
+        return replace(ctx, sampled=ctx.sampled[~np.isin(ctx.sampled, self.clients)])
 
     def _candidates(self, view: ClusterView) -> np.ndarray:
         """The models a newcomer chooses from by loss: all of a view of shared models, none

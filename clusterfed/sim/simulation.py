@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from clusterfed.algorithms import ClusterView, RoundContext
 from clusterfed.algorithms.cfl.maths import separation_gap
-from clusterfed.algorithms.newcomers import newcomer_ids
+from clusterfed.algorithms.newcomers import newcomer_figures, newcomer_ids
 from clusterfed.clustering.metrics import (
     grouping_scores,
     has_truth,
@@ -340,13 +340,7 @@ class Simulation:
     def _newcomers_figures(self, last: Mapping[str, Any]) -> dict[str, Any]:
         """The late clients' mean accuracies (PACFL's Table 3 figure), where there are any."""
         ids = newcomer_ids(self.config)
-        if not ids:
-            return {}
-        figures = {"mean_accuracy": float(np.mean(np.asarray(last["per_client_accuracy"])[ids]))}
-        if "cluster_per_client_accuracy" in last:
-            figures["cluster_mean_accuracy"] = float(np.mean(
-                np.asarray(last["cluster_per_client_accuracy"])[ids]))
-        return {"newcomers": {"clients": ids, **figures}}
+        return {"newcomers": newcomer_figures(last, ids)} if ids else {}
 
     def _shares_score(self, state: Any, view: ClusterView) -> dict[str, float]:
         """Against a mixture scenario's true shares: how far the method's weights on its

@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy.cluster.hierarchy import dendrogram  # noqa: E402
 
-from clusterfed.algorithms.newcomers import newcomer_ids  # noqa: E402
+from clusterfed.algorithms.newcomers import newcomer_figures, newcomer_ids  # noqa: E402
 from clusterfed.algorithms.pacfl import principal_angles as pa  # noqa: E402
 from clusterfed.report import plots  # noqa: E402
 from clusterfed.run_folder import read_config, read_jsonl  # noqa: E402
@@ -193,17 +193,6 @@ def targets_table(runs: Mapping[str, Sequence[Record]], participation: float,
 # The report section ---------------------------------------------------------------------------
 
 
-def newcomer_accuracy(summary: Record, config: Record) -> tuple[float, float | None] | None:
-    """Mean final accuracy of the newcomers: own models and, if scored, cluster models."""
-    newcomers = newcomer_ids(config)
-    if not newcomers:
-        return None
-    final = summary["final"]
-    own = float(np.mean(np.asarray(final["per_client_accuracy"])[newcomers]))
-    cluster = final.get("cluster_per_client_accuracy")
-    return own, (float(np.mean(np.asarray(cluster)[newcomers])) if cluster else None)
-
-
 def run_section(folder: Path, summary: Record, metrics: Sequence[Record]) -> list[str]:
     """A run report's "PACFL" section."""
     config = read_config(folder) if (folder / "config.yaml").exists() else {}
@@ -236,11 +225,12 @@ def run_section(folder: Path, summary: Record, metrics: Sequence[Record]) -> lis
         lines.append(f"- mean accuracy, each client's own model after its last local training "
                      f"(the paper's protocol): {final['mean_accuracy']:.4f}; each client's "
                      f"cluster model: {final['cluster_mean_accuracy']:.4f}")
-    news = newcomer_accuracy(summary, config)
-    if news is not None:
-        text = f"- newcomers ({len(newcomer_ids(config))}): mean accuracy {news[0]:.4f}"
-        if news[1] is not None:
-            text += f" (cluster models {news[1]:.4f})"
+    ids = newcomer_ids(config)
+    if ids:   # computed again: summaries from before `final.newcomers` lack it
+        news = newcomer_figures(final, ids)
+        text = f"- newcomers ({len(ids)}): mean accuracy {news['mean_accuracy']:.4f}"
+        if "cluster_mean_accuracy" in news:
+            text += f" (cluster models {news['cluster_mean_accuracy']:.4f})"
         joins = [e for e in found if e["type"] == "pacfl_newcomers"]
         if joins and joins[-1].get("rule", "rerun") == "nearest":
             n_old = len(joins[-1]["clients"]) - len(joins[-1]["newcomers"])
