@@ -4,6 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install -q -c constraints.txt
 PRESET ?= quickstart
+# pytest workers for `make test` (pytest-xdist): one a core, each running torch at cores / workers;
+# a module goes to one worker whole, so its module fixtures run once.
+TEST_WORKERS ?= auto
 
 .PHONY: run test test-flower bench bench-quick benchmark reproduce reproduce-tests lint clean
 
@@ -23,7 +26,7 @@ run: $(VENV)/.installed
 
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check clusterfed tests benchmarks
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
 
 # Real SuperLink and SuperNode processes on 127.0.0.1: minutes of process starts, so apart.
 test-flower: $(VENV)/.installed-test

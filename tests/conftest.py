@@ -11,6 +11,13 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist workers share the cores: torch in each takes its share, not all of them.
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
+
+
 def shared_data_dir() -> Path | None:
     """The real datasets: $CLUSTERFED_SHARED_DATA, else ../shared/data beside the repository."""
     explicit = os.environ.get("CLUSTERFED_SHARED_DATA")
