@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from clusterfed.sim.processes import usable_cores
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -15,7 +17,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # pytest-xdist workers share the cores: torch in each takes its share, not all of them.
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
+        torch.set_num_threads(max(1, usable_cores() // int(workers)))
 
 
 def shared_data_dir() -> Path | None:
