@@ -28,7 +28,8 @@ DEFAULTS: dict[str, Any] = {
         "momentum": 0.0,
         "weight_decay": 0.0,
         "clip_grad_norm": None,  # clip each local step's gradient to this L2 norm
-        "optimizer": "sgd",     # or "adam"; its state starts afresh each round
+        "optimizer": "sgd",     # or "adam"
+        "optimizer_state": "fresh",  # or "kept": a client's optimiser state lasts the run
         "adam_betas": [0.9, 0.999],
         "adam_eps": 1e-8,
     },

@@ -32,6 +32,8 @@ class TaskKind(str, Enum):
 # The local optimisers. Their state (SGD's momentum buffer, Adam's moments) starts afresh at
 # every task: a round's update then depends on the round's model alone (cfl.md A14).
 OPTIMIZERS = ("sgd", "adam")
+# "fresh": each task's optimiser starts anew; "kept": a client's carries over between its tasks.
+OPTIMIZER_STATES = ("fresh", "kept")
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class TrainSpec:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
+    optimizer_state: str = "fresh"        # "fresh" or "kept" (OPTIMIZER_STATES)
 
     def __post_init__(self) -> None:
         if (self.epochs is None) == (self.steps is None):
@@ -67,6 +70,9 @@ class TrainSpec:
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"train.optimizer must be one of {', '.join(OPTIMIZERS)}, "
                               f"got {self.optimizer!r}")
+        if self.optimizer_state not in OPTIMIZER_STATES:
+            raise ConfigError(f"train.optimizer_state must be one of "
+                              f"{', '.join(OPTIMIZER_STATES)}, got {self.optimizer_state!r}")
         if self.optimizer == "adam":
             if self.momentum:
                 raise ConfigError("train.momentum is SGD's; Adam's moments are "

@@ -29,6 +29,8 @@ class LoopbackGrid(Grid):
         self.silent: set[int] = set()
         self.tamper: dict[int, Callable[[Message], Message]] = {}
         self._replies: dict[str, Message] = {}
+        # Each node's context.state, which a SuperNode keeps for the run across messages.
+        self.states: dict[int, RecordDict] = {}
         self._mids = itertools.count()
         self.pushed = 0
         self.fail_after: int | None = None          # raise on the push after this many
@@ -74,7 +76,7 @@ class LoopbackGrid(Grid):
             if node not in self.nodes or node in self.silent:
                 continue
             context = Context(run_id=1, node_id=node, node_config=self.node_configs[node],
-                              state=RecordDict(), run_config={})
+                              state=self.states.setdefault(node, RecordDict()), run_config={})
             self.serving = True
             try:
                 reply = client_app(msg, context)

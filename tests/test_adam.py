@@ -117,7 +117,8 @@ def test_the_adam_settings_cross_the_flower_wire():
     pytest.importorskip("flwr", reason="the Flower wire needs the flower extra")
     from clusterfed.flower.wire import decode_task, encode_task
 
-    spec = TrainSpec(lr=1e-4, batch_size=10, optimizer="adam", adam_beta1=0.8, adam_eps=1e-6)
+    spec = TrainSpec(lr=1e-4, batch_size=10, optimizer="adam", adam_beta1=0.8, adam_eps=1e-6,
+                     optimizer_state="kept")
     task = ClientTask(3, TaskKind.TRAIN, np.zeros(4, dtype=np.float32), spec)
     decoded, _, _, _ = decode_task(encode_task(task, 0, 0, "{}"))
     assert decoded.train == spec

@@ -20,6 +20,7 @@ from flower_grid import LoopbackGrid  # noqa: E402
 from flwr.app import Array, Message  # noqa: E402
 from helpers import comparable  # noqa: E402
 
+from clusterfed import config as cfg  # noqa: E402
 from clusterfed.errors import ClusterfedError  # noqa: E402
 from clusterfed.flower import node, wire  # noqa: E402
 from clusterfed.flower.app import APP_TOML  # noqa: E402
@@ -130,6 +131,20 @@ def test_replies_with_wrong_shapes_or_nan_are_named():
 
 
 # The executor against the in-process simulator ----------------------------------------------
+
+def test_kept_optimizer_states_live_in_the_nodes_context_and_match_the_simulator(tmp_path):
+    # Each node keeps its client's Adam moments in Flower's context.state between rounds.
+    config = cfg.resolve(flower_config({"name": "fedavg"}, rounds=3),
+                         ["train.optimizer=adam", "train.optimizer_state=kept",
+                          "train.lr=0.003", "train.momentum=0"])
+    expected = run_config(config, tmp_path / "sim")
+    grid = LoopbackGrid(range(CLIENTS))
+    got, _ = flower_run(config, grid, tmp_path / "flower")
+    assert comparable(got) == comparable(expected)
+    assert all(wire.OPTIMIZER_STATE in state.array_records for state in grid.states.values())
+    fresh = run_config(cfg.resolve(config, ["train.optimizer_state=fresh"]), tmp_path / "fresh")
+    assert comparable(fresh) != comparable(expected)
+
 
 @pytest.mark.parametrize("algorithm", EVERY_ALGORITHM, ids=case_id)
 def test_flower_executor_reproduces_the_simulator_exactly(algorithm, tmp_path):

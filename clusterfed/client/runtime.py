@@ -9,7 +9,7 @@ the same evaluation code.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -17,7 +17,8 @@ import torch
 
 from clusterfed.client.batched import evaluate_clients
 from clusterfed.client.privacy import ParameterTransform
-from clusterfed.client.work import run_task
+from clusterfed.client.sgd import OptimizerState, state_arrays, state_from_arrays
+from clusterfed.client.work import run_task, train_task
 from clusterfed.data.federation import Federation
 from clusterfed.models.flat import FlatModel
 from clusterfed.tasks import ClientResult, ClientTask, TaskKind
@@ -31,6 +32,12 @@ def evaluate_result(task: ClientTask, loss: float, accuracy: float, num_samples:
     return ClientResult(task.client, TaskKind.EVALUATE, num_samples,
                         losses=np.array([loss]), accuracies=np.array([accuracy]), loss=loss,
                         meta=task.meta, task_id=task.id)
+
+
+def keeps_optimizer_state(task: ClientTask) -> bool:
+    """A TRAIN task whose optimiser continues the client's last one (train.optimizer_state)."""
+    return (task.kind is TaskKind.TRAIN and task.train is not None
+            and task.train.optimizer_state == "kept")
 
 
 def one_model_evaluation(task: ClientTask) -> bool:
@@ -90,6 +97,10 @@ class ClientRuntime:
         self.test = [(torch.from_numpy(c.test_x).to(self.device),
                       torch.from_numpy(c.test_y).to(self.device)) for c in federation.clients]
         self._test_keys: list[bytes] | None = None   # filled by the first shared evaluation
+        # train.optimizer_state=kept: each client's optimiser state (momentum buffer or Adam's
+        # moments, in plain space) after its last TRAIN task, by data index. It never leaves
+        # the client runtime but for a checkpoint (`kept_states`).
+        self.optimizer_states: dict[int, OptimizerState] = {}
 
     def run(self, tasks: Sequence[ClientTask], round_index: int, step: int = 0
             ) -> list[ClientResult]:
@@ -120,15 +131,28 @@ class ClientRuntime:
             return evaluate_result(task, float(loss), float(acc), len(held[data][1]))
         generator = self.generator(task.client, round_index, step)
         tested = self.test[data] if task.split == "test" else self.validation[data]
-        if self.transform is None:
-            return run_task(self.model, task, self.train[data], tested, generator, self.device)
-        plain = replace(task, params=self.transform.inverse(task.params),
-                        objective=task.objective and task.objective.map_vectors(
-                            self.transform.inverse))
-        result = run_task(self.model, plain, self.train[data], tested, generator, self.device)
-        if result.update is not None:
+        plain = task if self.transform is None else replace(
+            task, params=self.transform.inverse(task.params),
+            objective=task.objective and task.objective.map_vectors(self.transform.inverse))
+        if keeps_optimizer_state(task):
+            result, self.optimizer_states[data] = train_task(
+                self.model, plain, self.train[data], generator, self.device,
+                self.optimizer_states.get(data))
+        else:
+            result = run_task(self.model, plain, self.train[data], tested, generator,
+                              self.device)
+        if self.transform is not None and result.update is not None:
             result = replace(result, update=self.transform.forward(result.update))
         return result
+
+    def kept_states(self) -> dict[int, dict[str, np.ndarray]]:
+        """Every client's kept optimiser state as arrays (`client.sgd.state_arrays`)."""
+        return {c: state_arrays(st) for c, st in self.optimizer_states.items()}
+
+    def restore_kept_states(self, states: Mapping[int, Mapping[str, np.ndarray]]) -> None:
+        """Replace the kept optimiser states with `states` (as `kept_states` gives them)."""
+        self.optimizer_states = {int(c): state_from_arrays(a, self.device)
+                                 for c, a in states.items()}
 
     def generator(self, client: int, round_index: int, step: int) -> torch.Generator:
         """The random source of one client's task: its batch order or loss subsample."""

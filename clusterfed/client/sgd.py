@@ -1,4 +1,5 @@
-"""The local step rules: SGD's, which every executor takes, and Adam's (sequential path).
+"""The local step rules: SGD's, which every executor takes, and Adam's (sequential path);
+the optimiser state they carry, and its arrays.
 
 `sgd_step` works on one flat vector (d,) or on stacked clients (G, d) row by row, and under
 `torch.func.vmap`: it changes no tensor in place and branches only on the spec's numbers.
@@ -10,8 +11,10 @@ same bits come out, without two fresh parameter-sized vectors a step (13 % of a
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from clusterfed.tasks import TrainSpec
@@ -118,3 +121,34 @@ def local_step(w: torch.Tensor, grad: torch.Tensor, state: torch.Tensor | AdamMo
     assert state is None or isinstance(state, torch.Tensor)
     return sgd_step(w, grad, state, spec, prox_mu=prox_mu, anchor=anchor,
                     correction=correction, in_place=in_place)
+
+
+# What a local optimiser carries between steps: SGD's momentum buffer, Adam's moments, or
+# nothing yet (None). With train.optimizer_state=kept it also carries between a client's tasks.
+OptimizerState = torch.Tensor | AdamMoments | None
+
+
+def state_arrays(state: OptimizerState) -> dict[str, np.ndarray]:
+    """`state` as named arrays (for checkpoints and Flower's context.state); {} for None."""
+    if state is None:
+        return {}
+    if isinstance(state, AdamMoments):
+        return {"adam_step": np.array(state.step, dtype=np.int64),
+                "adam_first": state.first.detach().cpu().numpy(),
+                "adam_second": state.second.detach().cpu().numpy()}
+    return {"momentum": state.detach().cpu().numpy()}
+
+
+def state_from_arrays(arrays: Mapping[str, np.ndarray],
+                      device: torch.device | None = None) -> OptimizerState:
+    """The inverse of `state_arrays`, the tensors on `device`; copies, so the arrays stay
+    untouched by in-place steps."""
+    if not arrays:
+        return None
+    if "momentum" in arrays:
+        return torch.tensor(np.asarray(arrays["momentum"]), device=device)
+    if {"adam_step", "adam_first", "adam_second"} <= set(arrays):
+        return AdamMoments(int(arrays["adam_step"]),
+                           torch.tensor(np.asarray(arrays["adam_first"]), device=device),
+                           torch.tensor(np.asarray(arrays["adam_second"]), device=device))
+    raise ValueError(f"not an optimiser state: arrays {sorted(arrays)}")

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from clusterfed.algorithms.pacfl.principal_angles import client_signature
-from clusterfed.client.sgd import local_step
+from clusterfed.client.sgd import OptimizerState, local_step
 from clusterfed.models.flat import FlatModel
 from clusterfed.tasks import (
     ClientResult,
@@ -52,8 +52,19 @@ def chunk_rows(y: torch.Tensor) -> int:
 def train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
           spec: TrainSpec, generator: torch.Generator, objective: LocalObjective | None = None
           ) -> tuple[torch.Tensor, float]:
-    """Local mini-batch SGD (or Adam: `spec.optimizer`, its moments fresh at each call) from
-    `params`; returns (new - old parameters, mean batch loss).
+    """Local mini-batch SGD (or Adam: `spec.optimizer`) from `params`, the optimiser fresh;
+    returns (new - old parameters, mean batch loss). See `train_with_state`."""
+    update, loss, _ = train_with_state(model, params, x, y, spec, generator, objective)
+    return update, loss
+
+
+def train_with_state(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                     spec: TrainSpec, generator: torch.Generator,
+                     objective: LocalObjective | None = None, state: OptimizerState = None
+                     ) -> tuple[torch.Tensor, float, OptimizerState]:
+    """Local mini-batch SGD (or Adam: `spec.optimizer`) from `params`, the optimiser starting
+    from `state` (None: fresh; the tensors it holds are stepped in place); returns (new - old
+    parameters, mean batch loss, the optimiser's state after the last step).
 
     Each epoch visits a fresh permutation in batches of `batch_size`, the last one partial.
     `objective` adds FedProx's proximal gradient mu (w - anchor) to each step's gradient (the
@@ -75,7 +86,6 @@ def train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tens
     batch = min(spec.batch_size, n)
     per_epoch = math.ceil(n / batch)
     w = params.detach().clone().requires_grad_(True)
-    state = None   # the optimiser's: momentum buffer or Adam's moments
     total = 0.0
     steps = spec.num_steps(n)
     for step in range(steps):
@@ -91,7 +101,7 @@ def train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tens
             _, state = local_step(w, grad, state, spec, prox_mu=mu, anchor=anchor,
                                   correction=correction, in_place=True)
         total += loss.detach().item()
-    return w.detach() - params, total / steps
+    return w.detach() - params, total / steps, state
 
 
 def batch_stream(n: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
@@ -140,23 +150,32 @@ def meta_gradient(model: FlatModel, w: torch.Tensor, batches: Iterator[torch.Ten
 def meta_train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
                spec: TrainSpec, generator: torch.Generator, objective: LocalObjective
                ) -> tuple[torch.Tensor, float]:
+    """Per-FedAvg's local steps, the optimiser fresh (`meta_train_with_state`)."""
+    update, loss, _ = meta_train_with_state(model, params, x, y, spec, generator, objective)
+    return update, loss
+
+
+def meta_train_with_state(model: FlatModel, params: torch.Tensor, x: torch.Tensor,
+                          y: torch.Tensor, spec: TrainSpec, generator: torch.Generator,
+                          objective: LocalObjective, state: OptimizerState = None
+                          ) -> tuple[torch.Tensor, float, OptimizerState]:
     """Per-FedAvg's local steps: `spec.num_steps(n)` meta steps w <- w - lr * meta-gradient.
 
     Each meta step draws its two ('fo') or three ('hf') batches from one stream of epochs.
     The spec's lr is the outer step beta; clipping, weight decay and momentum act on the
     meta-gradient as on a gradient in `train`. Returns (new - old parameters, the mean loss
-    after the inner step, which is what Per-FedAvg minimises).
+    after the inner step, which is what Per-FedAvg minimises, and the optimiser's state from
+    `state`, as in `train_with_state`).
     """
     batches = batch_stream(len(y), spec.batch_size, generator)
     w = params.detach().clone()
-    state = None
     total = 0.0
     steps = spec.num_steps(len(y))
     for _ in range(steps):
         grad, loss = meta_gradient(model, w, batches, x, y, objective)
         w, state = local_step(w, grad, state, spec)
         total += loss
-    return w - params, total / steps
+    return w - params, total / steps, state
 
 
 @torch.no_grad()
@@ -257,16 +276,7 @@ def run_task(model: FlatModel, task: ClientTask, train_xy: tuple[torch.Tensor, t
     x, y = train_xy
     params = torch.as_tensor(task.params, device=device)
     if task.kind is TaskKind.TRAIN:
-        if task.train is None:
-            raise ValueError("a train task needs a TrainSpec")
-        objective = task.objective
-        if objective is not None and objective.maml is not None:
-            update, loss = meta_train(model, params, x, y, task.train, generator, objective)
-        else:
-            update, loss = train(model, params, x, y, task.train, generator, objective)
-        return ClientResult(task.client, task.kind, len(y), update=update.cpu().numpy(), loss=loss,
-                            meta={**task.meta, "local_steps": task.train.num_steps(len(y))},
-                            task_id=task.id)
+        return train_task(model, task, train_xy, generator, device)[0]
     if task.kind is TaskKind.GRADIENT:
         grad, loss = gradient(model, params, x, y)
         return ClientResult(task.client, task.kind, len(y), update=grad.cpu().numpy(), loss=loss,
@@ -293,6 +303,28 @@ def run_task(model: FlatModel, task: ClientTask, train_xy: tuple[torch.Tensor, t
                         losses=np.array([p[0] for p in pairs]),
                         accuracies=np.array([p[1] for p in pairs]),
                         loss=pairs[0][0], meta=task.meta, task_id=task.id)
+
+
+def train_task(model: FlatModel, task: ClientTask, train_xy: tuple[torch.Tensor, torch.Tensor],
+               generator: torch.Generator, device: torch.device | None = None,
+               state: OptimizerState = None) -> tuple[ClientResult, OptimizerState]:
+    """A TRAIN task's result, its optimiser starting from `state`, and the optimiser's state
+    after it (which stays on the client: train.optimizer_state=kept hands it to the next)."""
+    if task.train is None:
+        raise ValueError("a train task needs a TrainSpec")
+    x, y = train_xy
+    params = torch.as_tensor(task.params, device=device)
+    objective = task.objective
+    if objective is not None and objective.maml is not None:
+        update, loss, state = meta_train_with_state(model, params, x, y, task.train, generator,
+                                                    objective, state)
+    else:
+        update, loss, state = train_with_state(model, params, x, y, task.train, generator,
+                                               objective, state)
+    result = ClientResult(task.client, task.kind, len(y), update=update.cpu().numpy(), loss=loss,
+                          meta={**task.meta, "local_steps": task.train.num_steps(len(y))},
+                          task_id=task.id)
+    return result, state
 
 
 def signature_result(task: ClientTask, x: torch.Tensor, y: torch.Tensor) -> ClientResult:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
+from clusterfed.client.runtime import keeps_optimizer_state
 from clusterfed.flower import wire
 from clusterfed.flower.cost import message_cost
 from clusterfed.flower.node import hello_facts, node_for
@@ -35,5 +36,10 @@ def initial(msg: Message, context: Context) -> Message:
 def task(msg: Message, context: Context) -> Message:
     task, round_index, step, config_json = wire.decode_task(msg.content)
     node = node_for(config_json, context.node_config)
+    kept = keeps_optimizer_state(task)
+    if kept:   # the client's optimiser continues from its last task (train.optimizer_state)
+        node.set_optimizer_state(wire.read_optimizer_state(context.state))
     result = node.run(task, round_index, step, wire.addressed_partition(msg.content))
+    if kept:
+        wire.write_optimizer_state(context.state, node.optimizer_state())
     return Message(wire.encode_result(result), reply_to=msg)

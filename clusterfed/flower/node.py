@@ -35,6 +35,7 @@ import torch
 from clusterfed import config as cfg
 from clusterfed.client.runtime import ClientRuntime
 from clusterfed.client.secret import read_secret_file, secret_id
+from clusterfed.client.sgd import state_arrays, state_from_arrays
 from clusterfed.clustering.metrics import NO_TRUTH
 from clusterfed.data import own
 from clusterfed.data.federation import Federation
@@ -221,6 +222,15 @@ class ClientNode:
             partition: int | None = None) -> ClientResult:
         self._addressed(task.client, partition)
         return self.population.executor.run_as(task, self.index, round_index, step)
+
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        """This client's kept optimiser state, as arrays (for Flower's context.state)."""
+        return state_arrays(self.population.executor.optimizer_states.get(self.index))
+
+    def set_optimizer_state(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Continue from `arrays` (`optimizer_state`'s; {}: a fresh optimiser)."""
+        executor = self.population.executor
+        executor.optimizer_states[self.index] = state_from_arrays(arrays, executor.device)
 
     def initial(self, index: int) -> np.ndarray:
         """Draw `index` of the initial model, in P-space: what the server's Setup holds."""

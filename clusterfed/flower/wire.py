@@ -240,3 +240,19 @@ def decode_vector(content: RecordDict) -> np.ndarray:
 def config_json(config: Mapping[str, Any]) -> str:
     """The resolved config as the text every message carries (sorted, so it hashes stably)."""
     return json.dumps(config, sort_keys=True)
+
+
+# Where a node keeps its client's optimiser state between tasks (train.optimizer_state=kept):
+# Flower's context.state, which the SuperNode holds for the run, whatever process runs the app.
+OPTIMIZER_STATE = "clusterfed.optimizer_state"
+
+
+def read_optimizer_state(state: RecordDict) -> dict[str, np.ndarray]:
+    """The optimiser-state arrays a node's context.state holds ({} before the first task)."""
+    if OPTIMIZER_STATE not in state.array_records:
+        return {}
+    return {k: a.numpy() for k, a in state.array_records[OPTIMIZER_STATE].items()}
+
+
+def write_optimizer_state(state: RecordDict, arrays: Mapping[str, np.ndarray]) -> None:
+    state[OPTIMIZER_STATE] = _array_record(arrays)

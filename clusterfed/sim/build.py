@@ -34,7 +34,8 @@ def train_spec(train: Mapping[str, Any]) -> TrainSpec:
                      momentum=float(train["momentum"]), weight_decay=float(train["weight_decay"]),
                      clip_grad_norm=train["clip_grad_norm"], optimizer=str(train["optimizer"]),
                      adam_beta1=float(train["adam_betas"][0]),
-                     adam_beta2=float(train["adam_betas"][1]), adam_eps=float(train["adam_eps"]))
+                     adam_beta2=float(train["adam_betas"][1]), adam_eps=float(train["adam_eps"]),
+                     optimizer_state=str(train["optimizer_state"]))
 
 
 def initial_params(module: torch.nn.Module, seed: int) -> None:

@@ -150,8 +150,11 @@ def workload(run: Mapping[str, Any], train: Mapping[str, Any], model: FlatModel,
     grouped = grouped_obstacle(model.module)
     flops = step_flops(model, tuple(federation.input_shape), batch) if grouped is None \
         else float("inf")
-    return Workload(k, int(k * per_client), min(usable_cores(), budget),
-                    process_obstacle(model.module), grouped, flops)
+    obstacle = process_obstacle(model.module)
+    if train.get("optimizer_state") == "kept":   # the clients' optimiser states live here
+        obstacle = "train.optimizer_state=kept (each client's optimiser state is in this process)"
+    return Workload(k, int(k * per_client), min(usable_cores(), budget), obstacle, grouped,
+                    flops)
 
 
 def forward_flops(module: nn.Module, input_shape: tuple[int, ...]) -> int:

@@ -52,7 +52,7 @@ import sys
 import traceback
 import weakref
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -66,7 +66,7 @@ import torch
 from torch import nn
 
 from clusterfed.client.privacy import ParameterTransform
-from clusterfed.client.runtime import ClientRuntime, one_model_evaluation
+from clusterfed.client.runtime import ClientRuntime, keeps_optimizer_state, one_model_evaluation
 from clusterfed.data.federation import ClientData, Federation
 from clusterfed.models.flat import FlatModel
 from clusterfed.sim.executor import SequentialExecutor
@@ -533,9 +533,12 @@ class ProcessExecutor:
             return []
         if self.obstacle:
             return self.local.run(tasks, round_index, step)
-        # One model over many clients' test data is scored here (see `evaluate`).
-        here = [i for i, t in enumerate(tasks) if one_model_evaluation(t)]
-        there = [i for i, t in enumerate(tasks) if not one_model_evaluation(t)]
+        # One model over many clients' test data is scored here (see `evaluate`); so is training
+        # that continues a client's kept optimiser state, which lives in this process.
+        here = [i for i, t in enumerate(tasks)
+                if one_model_evaluation(t) or keeps_optimizer_state(t)]
+        kept = set(here)
+        there = [i for i in range(len(tasks)) if i not in kept]
         results: list[ClientResult | None] = [None] * len(tasks)
         for part, run in ((here, self._in_parent), (there, self._in_pool)):
             if part:
@@ -546,7 +549,8 @@ class ProcessExecutor:
 
     def _in_parent(self, tasks: Sequence[ClientTask], round_index: int, step: int
                    ) -> list[ClientResult]:
-        """One-model evaluations, here, with one thread (see `evaluate`)."""
+        """One-model evaluations and kept-state training, here, with one thread (see
+        `evaluate`)."""
         with one_thread():
             return self.local.run(tasks, round_index, step)
 
@@ -576,6 +580,12 @@ class ProcessExecutor:
         cannot stall it (threads that share a busy core spin at every barrier)."""
         with one_thread():
             return self.local.evaluate(params, clients, split)
+
+    def kept_states(self) -> dict[int, dict[str, np.ndarray]]:
+        return self.local.kept_states()
+
+    def restore_kept_states(self, states: Mapping[int, Mapping[str, np.ndarray]]) -> None:
+        self.local.restore_kept_states(states)
 
     def train_sizes(self) -> np.ndarray:
         return self.local.train_sizes()

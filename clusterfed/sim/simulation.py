@@ -220,6 +220,7 @@ class Simulation:
                 last_assignment = ckpt["assignment"]
                 if self.own_models is not None:
                     self.own_models = dict(ckpt["own_models"])
+                self._restore_optimizer_states(ckpt.get("optimizer_states", {}))
             self.folder.truncate_after(start)
             log.info("resuming from round %d", start)
         elif self.folder is not None:
@@ -266,7 +267,8 @@ class Simulation:
                         self.folder.save_checkpoint({
                             "round": r + 1, "state": state, "assignment": last_assignment,
                             "wall_seconds": elapsed + time.perf_counter() - began,
-                            "own_models": self.own_models or {}})
+                            "own_models": self.own_models or {},
+                            "optimizer_states": self._optimizer_states()})
                 if stop:
                     log.info("stopped by a callback after round %d", r + 1)
                     break
@@ -278,6 +280,20 @@ class Simulation:
         if self.folder is not None:
             self.folder.write_summary(summary)
         return summary
+
+    def _optimizer_states(self) -> dict[int, dict[str, np.ndarray]]:
+        """The clients' kept optimiser states (train.optimizer_state=kept) where the executor
+        holds them in this process; a Flower executor's live on its nodes."""
+        kept = getattr(self.executor, "kept_states", None)
+        return kept() if kept is not None else {}
+
+    def _restore_optimizer_states(self, states: dict[int, dict[str, np.ndarray]]) -> None:
+        restore = getattr(self.executor, "restore_kept_states", None)
+        if restore is not None:
+            restore(states)
+        elif self.spec.optimizer_state == "kept":
+            log.warning("resuming: the clients' kept optimiser states live on the nodes and "
+                        "were not checkpointed; each client's optimiser starts afresh")
 
     def _evaluate(self, state: Any, view: ClusterView, r: int) -> dict[str, Any]:
         """The evaluation protocol's metrics record after round r: its tasks run through the
