@@ -20,6 +20,7 @@ pytest.importorskip("flwr", reason="Flower is not installed: the Flower runtime 
 from flower_cases import CLIENTS, FLOWER_ALGORITHMS, case_id, flower_config  # noqa: E402
 from helpers import cli  # noqa: E402
 
+from clusterfed import config as cfg  # noqa: E402
 from clusterfed.flower.launch import run_config_for  # noqa: E402
 from clusterfed.flower.local import LocalFederation  # noqa: E402
 from clusterfed.flower.worker import READY  # noqa: E402
@@ -145,8 +146,14 @@ def test_the_cli_runs_with_tls_and_supernode_authentication_and_stops_everything
 def test_flowers_own_process_per_message_gives_the_same_run(tmp_path):
     from clusterfed.flower.launch import run_local
 
-    config = flower_config({"name": "fedavg"})
+    # A new ClientApp process for each message: the clients' Adam moments, kept between
+    # rounds (train.optimizer_state=kept), survive only in Flower's context.state.
+    config = cfg.resolve(flower_config({"name": "fedavg"}, rounds=3),
+                         ["train.optimizer=adam", "train.optimizer_state=kept",
+                          "train.lr=0.003", "train.momentum=0"])
     expected = run_config(config)
+    fresh = run_config(cfg.resolve(config, ["train.optimizer_state=fresh"]))
+    assert fresh["final"]["per_client_accuracy"] != expected["final"]["per_client_accuracy"]
     got = run_local(config, tmp_path / "run", isolation="subprocess", echo=lambda line: None)
     assert_same_run(got, expected)
     logs = tmp_path / "run" / "flower" / "logs"
