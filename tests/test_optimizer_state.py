@@ -166,3 +166,28 @@ def test_auto_does_not_start_workers_for_kept_states(digits):
     plain = workload(cfg.resolve(tiny_config("fedavg"))["run"],
                      cfg.resolve(tiny_config("fedavg"))["train"], model, federation)
     assert plain.obstacle is None
+
+
+def test_evaluating_does_not_move_the_kept_states(tmp_path):
+    # FedAvg-FT fine-tunes at every evaluation: with its own fresh optimiser, so evaluating
+    # every round or only after the last gives the same run.
+    config = cfg.resolve(tiny_config("fedavg_ft", run={"executor": "sequential", "threads": 1,
+                                                       "checkpoint_every": 0}), KEPT_ADAM)
+    every = run_config(cfg.resolve(config, ["eval.every=1"]))
+    last = run_config(cfg.resolve(config, ["eval.every=4"]))
+    assert every["final"] == last["final"]
+
+
+def test_two_models_trained_on_one_client_are_refused():
+    config = cfg.resolve(tiny_config("fedem"), ["algorithm.components=2", *KEPT_ADAM])
+    with pytest.raises(ConfigError, match="fedem trains several models on client"):
+        run_config(config)
+
+
+def test_a_state_of_another_shape_is_refused(digits):
+    model, federation = digits
+    runtime = SequentialExecutor(model, federation, seed=0)
+    runtime.optimizer_states[0] = AdamMoments(1, torch.zeros(3), torch.zeros(3))
+    task = ClientTask(0, TaskKind.TRAIN, model.initial_vector().numpy(), ADAM)
+    with pytest.raises(ValueError, match=r"kept optimiser state is for \(3,\) parameters"):
+        runtime.run([task], 0)

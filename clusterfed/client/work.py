@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from clusterfed.algorithms.pacfl.principal_angles import client_signature
-from clusterfed.client.sgd import OptimizerState, local_step
+from clusterfed.client.sgd import AdamMoments, OptimizerState, local_step
 from clusterfed.models.flat import FlatModel
 from clusterfed.tasks import (
     ClientResult,
@@ -82,6 +82,7 @@ def train_with_state(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y:
                if objective is not None and objective.sample_weights is not None else None)
     if weights is not None and len(weights) != len(y):
         raise ValueError(f"{len(weights)} sample weights for {len(y)} training samples")
+    check_state(state, params)
     n = len(y)
     batch = min(spec.batch_size, n)
     per_epoch = math.ceil(n / batch)
@@ -102,6 +103,14 @@ def train_with_state(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y:
                                   correction=correction, in_place=True)
         total += loss.detach().item()
     return w.detach() - params, total / steps, state
+
+
+def check_state(state: OptimizerState, params: torch.Tensor) -> None:
+    """Refuse a kept optimiser state made for parameters of another shape."""
+    held = state.first if isinstance(state, AdamMoments) else state
+    if held is not None and held.shape != params.shape:
+        raise ValueError(f"the client's kept optimiser state is for {tuple(held.shape)} "
+                         f"parameters, the task's are {tuple(params.shape)}")
 
 
 def batch_stream(n: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
@@ -167,6 +176,7 @@ def meta_train_with_state(model: FlatModel, params: torch.Tensor, x: torch.Tenso
     after the inner step, which is what Per-FedAvg minimises, and the optimiser's state from
     `state`, as in `train_with_state`).
     """
+    check_state(state, params)
     batches = batch_stream(len(y), spec.batch_size, generator)
     w = params.detach().clone()
     total = 0.0

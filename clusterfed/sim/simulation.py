@@ -113,6 +113,8 @@ class Simulation:
         """Run tasks; drop results with NaN or Inf (logged), keep the rest."""
         # A remote executor may return fewer results than tasks (a client that never answered).
         tasks = self._numbered(tasks)
+        if self.spec.optimizer_state == "kept":
+            refuse_shared_optimizers(tasks, str(self.config["algorithm"]["name"]))
         kept = []
         for task, result in match_results(tasks, self.executor.run(tasks, r, step)):
             if result.is_finite():
@@ -310,8 +312,10 @@ class Simulation:
         # An algorithm's own test-time adaptation replaces the 'cluster' and 'local' protocols'
         # models; the other protocols choose among models and are left as they are.
         if adaptation is not None and protocol in ("cluster", "local"):
-            spec = adaptation(state, self.spec.decayed(float(self.config["train"]["lr_decay"]),
-                                                       r))
+            # A test-time fine-tune starts its own optimiser: it must not move the client's
+            # kept training state (train.optimizer_state), or evaluating would change training.
+            fresh = replace(self.spec, optimizer_state="fresh")
+            spec = adaptation(state, fresh.decayed(float(self.config["train"]["lr_decay"]), r))
         paths = getattr(self.algorithm, "path_models", None)
         return EvalContext(
             view=view, true_clusters=self.federation.true_clusters,
@@ -381,6 +385,20 @@ def run_config(config: Mapping[str, Any], out_dir: str | Path | None = None, *,
     sim = Simulation(config, out_dir, federation=federation, data_dir=data_dir,
                      callbacks=callbacks, module=module, executor=executor)
     return sim.run()
+
+
+def refuse_shared_optimizers(tasks: Sequence[ClientTask], algorithm: str) -> None:
+    """train.optimizer_state=kept keeps one optimiser a client: refuse a step that trains two
+    models on one client (FedEM's components), whose steps would share its moments."""
+    trained: set[int] = set()
+    for task in tasks:
+        if task.kind is TaskKind.TRAIN:
+            if task.client in trained:
+                raise ConfigError(
+                    f"train.optimizer_state=kept keeps one optimiser a client, but {algorithm} "
+                    f"trains several models on client {task.client} in one step; use "
+                    f"train.optimizer_state=fresh")
+            trained.add(task.client)
 
 
 def resume_run(run_dir: str | Path, *, data_dir: str | None = None,
