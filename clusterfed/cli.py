@@ -139,8 +139,10 @@ def sweep(source: str, overrides: tuple[str, ...], out: str | None, data_dir: st
 @click.option("--out", help="Folder (default runs/reproduce-NAME); rerunning into it keeps "
               "finished runs and resumes cut-off ones.")
 @click.option("--data-dir", help="Data root (default $CLUSTERFED_DATA or the user cache).")
+@click.option("--finished", is_flag=True, help="Run nothing: write the table of the runs "
+              "finished so far, each row with its seeds.")
 def reproduce(source: str, overrides: tuple[str, ...], algorithms: str | None,
-              seeds: str | None, out: str | None, data_dir: str | None) -> None:
+              seeds: str | None, out: str | None, data_dir: str | None, finished: bool) -> None:
     """Run a paper preset over its seeds: mean ± std beside the paper's figures, a verdict."""
     from clusterfed.experiments import reproduce as rep
 
@@ -149,7 +151,8 @@ def reproduce(source: str, overrides: tuple[str, ...], algorithms: str | None,
     folder = Path(out or f"runs/reproduce-{name}")
     result = rep.reproduce(config, folder, names=_names(algorithms, []) or None,
                            seeds=seed_list, data_dir=data_dir,
-                           progress=lambda line: click.echo(line, err=True))
+                           progress=lambda line: click.echo(line, err=True),
+                           finished_only=finished)
     click.echo(rep.markdown(result), nl=False)
     click.echo(f"table: {folder / 'reproduce.md'}")
 

@@ -117,3 +117,32 @@ def test_every_presets_paper_figures_name_algorithms_it_runs():
             assert set(section.get(key) or {}) <= labels, (name, key, labels)
         checked += bool(section.get("paper"))
     assert checked >= 3
+
+
+def test_finished_tabulates_the_finished_runs_and_runs_nothing(capsys, tmp_path: Path,
+                                                              monkeypatch):
+    path = tmp_path / "p.yaml"
+    path.write_text(cfg.dump(small()))
+    # fedavg has seeds 0 and 1, local seed 1 only.
+    code, _, err = cli(capsys, "reproduce", str(path), "--seeds", "0,1", "--algorithms",
+                       "fedavg", "--out", str(tmp_path / "r"))
+    assert code == 0, err
+    code, _, err = cli(capsys, "reproduce", str(path), "--seeds", "1", "--algorithms",
+                       "local", "--out", str(tmp_path / "r"))
+    assert code == 0, err
+    monkeypatch.setattr(rep, "run_config", lambda *a, **k: pytest.fail("ran"))
+    monkeypatch.setattr(rep, "build_federation_for", lambda *a, **k: pytest.fail("built"))
+    code, out, err = cli(capsys, "reproduce", str(path), "--seeds", "0,1,2", "--out",
+                         str(tmp_path / "r"), "--finished")
+    assert code == 0, err
+    assert "Seeds 0, 1, 2" in out
+    assert "| fedavg (seeds 0, 1) | 50.00 ± 5.00 (own) |" in out
+    assert "| local (seed 1) | 99.90 ± 0.00 (own) |" in out
+    rows = {r["label"]: r for r in json.loads((tmp_path / "r" / "reproduce.json").read_text()
+                                              )["rows"]}
+    assert rows["fedavg"]["seeds"] == [0, 1] and len(rows["fedavg"]["runs"]) == 2
+    summaries = [json.loads((tmp_path / "r" / "fedavg" / f"seed-{s}" / "summary.json")
+                            .read_text())["final"]["mean_accuracy"] for s in (0, 1)]
+    assert rows["fedavg"]["own"][0] == pytest.approx(100 * np.mean(summaries))
+    none = rep.reproduce(small(), tmp_path / "r", seeds=[5], finished_only=True)
+    assert "| fedavg (no finished run) | 50.00 ± 5.00 (own) | - |" in rep.markdown(none)

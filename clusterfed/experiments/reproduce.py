@@ -13,7 +13,9 @@ A preset's `reproduce` section says what the paper reported:
                                           # "cluster" (the served model, eval.also_cluster)
 
 Every (algorithm, seed) runs in its own folder `LABEL/seed-S`: a finished run (summary.json) is
-read back, a cut-off one resumes from its checkpoint, so the command can be rerun until done.
+read back, a cut-off one resumes from its checkpoint, so the command can be rerun until done;
+`--finished` writes the table of the runs finished so far, running nothing, each row marked
+with its seeds where it has fewer than the table.
 The table gives mean +- std over the seeds of each protocol's figure, ARI, clusters and wall
 time, and a verdict: "within" when the paper's mean +- std and ours overlap, else how far above
 or below the paper's error bar our mean lies.
@@ -141,24 +143,33 @@ def figures(summary: Mapping[str, Any]) -> dict[str, float]:
 def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
               names: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
               data_dir: str | None = None,
-              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run every (algorithm, seed); write reproduce.json and reproduce.md; return the result."""
+              progress: Callable[[str], None] | None = None,
+              finished_only: bool = False) -> dict[str, Any]:
+    """Run every (algorithm, seed); write reproduce.json and reproduce.md; return the result.
+
+    `finished_only`: run nothing; tabulate the finished runs (a long reproduction's table
+    while its other runs are still to come), each row over the seeds it has."""
     section = dict(config.get("reproduce", {}))
     check_reproduce(section)
     seed_list = list(seeds if seeds is not None else section.get("seeds", [0, 1, 2]))
     runs = runs_of(config, names)
     out = Path(out_dir)
     measured: dict[str, list[dict[str, float]]] = {label: [] for label, _ in runs}
+    seeds_of: dict[str, list[int]] = {label: [] for label, _ in runs}
     protocols: dict[str, str] = {}   # each run's eval.protocol (a compare entry may set its own)
     for seed in seed_list:
         seeded = cfg.merge(dict(config), {"seed": int(seed)})
-        federation = build_federation_for(seeded, data_dir)   # one federation per seed
+        # One federation per seed, built only when a run needs it.
+        federation = None if finished_only else build_federation_for(seeded, data_dir)
         for label, algorithm in runs:
             folder = out / label / f"seed-{seed}"
             run_cfg = run_config_of(seeded, algorithm)
             protocols[label] = str(run_cfg["eval"]["protocol"])
+            if finished_only and not (folder / "summary.json").exists():
+                continue
             summary = _run_one(run_cfg, folder, federation, data_dir)
             measured[label].append(figures(summary))
+            seeds_of[label].append(int(seed))
             if progress is not None:
                 f = measured[label][-1]
                 also = ("" if math.isnan(f["cluster"])
@@ -166,7 +177,7 @@ def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
                 progress(f"{label} seed {seed}: {f['own']:.2f} % ({protocols[label]} "
                          f"protocol){also}, {int(f['clusters'])} clusters, "
                          f"{f['seconds']:.0f} s")
-    result = summarise(config, measured, seed_list, protocols)
+    result = summarise(config, measured, seed_list, protocols, seeds_of)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(cfg.dump(config))
     (out / "reproduce.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -175,8 +186,9 @@ def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
 
 
 def summarise(config: Mapping[str, Any], measured: Mapping[str, Sequence[Mapping[str, float]]],
-              seeds: Sequence[int], protocols: Mapping[str, str] | None = None
-              ) -> dict[str, Any]:
+              seeds: Sequence[int], protocols: Mapping[str, str] | None = None,
+              seeds_of: Mapping[str, Sequence[int]] | None = None) -> dict[str, Any]:
+    """The table's rows; `seeds_of` names a row's seeds where it has fewer than `seeds`."""
     section = config.get("reproduce", {})
     paper = {k: paper_figure(k, v) for k, v in dict(section.get("paper", {})).items()}
     protocol_of = dict(section.get("paper_protocol", {}))
@@ -187,6 +199,8 @@ def summarise(config: Mapping[str, Any], measured: Mapping[str, Sequence[Mapping
             keys.append("shares_error")
         stats = {key: mean_std([r[key] for r in runs]) for key in keys}
         row: dict[str, Any] = {"label": label, **stats, "runs": list(runs)}
+        if seeds_of is not None and list(seeds_of[label]) != list(seeds):
+            row["seeds"] = list(seeds_of[label])
         if protocols and protocols.get(label, config["eval"]["protocol"]) \
                 != config["eval"]["protocol"]:
             row["eval_protocol"] = protocols[label]   # the entry's own protocol
@@ -223,6 +237,10 @@ def markdown(result: Mapping[str, Any]) -> str:
         paper = (f"{_pm(row['paper'])} ({row['paper_protocol']})" if "paper" in row else "")
         label = row["label"] + (f" (`{row['eval_protocol']}`)" if "eval_protocol" in row
                                 else "")
+        if "seeds" in row:   # fewer seeds than the table's
+            label += (f" (seed{'s' if len(row['seeds']) > 1 else ''} "
+                      f"{', '.join(str(s) for s in row['seeds'])})" if row["seeds"]
+                      else " (no finished run)")
         error = f"{_pm(row.get('shares_error', (math.nan, 0.0)), 3)} | " if shares else ""
         lines.append(f"| {label} | {paper} | {_pm(row['own'])} | {_pm(row['cluster'])} "
                      f"| {_pm(row['ari'], 3)} | {_pm(row['clusters'], 1)} | {error}"
