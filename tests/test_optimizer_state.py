@@ -5,6 +5,7 @@ authors' clients); checked against torch, across executors, a resume and the Flo
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -191,3 +192,18 @@ def test_a_state_of_another_shape_is_refused(digits):
     task = ClientTask(0, TaskKind.TRAIN, model.initial_vector().numpy(), ADAM)
     with pytest.raises(ValueError, match=r"kept optimiser state is for \(3,\) parameters"):
         runtime.run([task], 0)
+
+
+def test_kept_states_outlive_a_drift():
+    # scenario.drift swaps the executor for one on the new data; every client's Adam keeps
+    # counting its steps across it.
+    config = cfg.resolve(tiny_config("fedavg", run={"executor": "sequential", "threads": 1,
+                                                    "checkpoint_every": 0}),
+                         [*KEPT_ADAM, "train.participation=1.0", "train.rounds=3",
+                          "scenario.drift={round: 2, clients: [1]}"])
+    sim = Simulation(config)
+    sim.run()
+    sizes = sim.executor.train_sizes()
+    for c, state in sim.executor.optimizer_states.items():
+        steps = math.ceil(sizes[c] / config["train"]["batch_size"])
+        assert state.step == 3 * steps, c

@@ -103,8 +103,10 @@ class Simulation:
         if federation is self.federation:
             return False
         assert self.executor_for is not None, "build_run refuses drift with a given executor"
+        kept = self._optimizer_states()   # the clients' optimisers outlive their data's change
         self.close()   # a processes executor's workers map the old data: start new ones
         self.executor = self.executor_for(federation)
+        self._restore_optimizer_states(kept)
         self.federation = federation
         return True
 
