@@ -7,6 +7,10 @@ default's pick on 2 cores and on one). Workloads:
 
 - fedavg-b50, fedavg-b10: `round_time.py`'s FedAvg (McMahan et al.'s CNN, MNIST iid, 100
   clients x 600, 10 clients a round, 1 local epoch), batch 50 and batch 10; no evaluation;
+- lenet-fedavg, lenet-fedprox, lenet-scaffold: PACFL's Table 1 round (LeNet-5, Fashion-MNIST
+  in 20 % label skew, 100 clients x 600, 10 a round, batch 10) at 1 local epoch, no
+  evaluation, under FedAvg, FedProx (mu 0.01) and SCAFFOLD, whose clients add a proximal pull
+  or a control-variate correction to every step;
 - cfl-b128: the CFL reference workload, preset `cfl-mnist-labelswap-small` (MNIST label swap,
   20 clients in 4 clusters, `cfl_convnet`) at 400 images a client, batch 128, 1 local epoch,
   every client every round, evaluation after every round (timed with the round);
@@ -89,7 +93,19 @@ def tiny() -> dict[str, Any]:
             "algorithm": {"name": "fedavg"}, "eval": {"every": 1}}
 
 
+def lenet(algorithm: dict[str, Any]) -> dict[str, Any]:
+    """PACFL's Table 1 round (preset `pacfl-labelskew20-fmnist`: LeNet-5, Fashion-MNIST, 100
+    clients x 600 in 20 % label skew, 10 a round, batch 10) at 1 local epoch, no evaluation,
+    under `algorithm`."""
+    preset = cfg.resolve("pacfl-labelskew20-fmnist")
+    return {**cfg.merge(preset, {"train": {"local_epochs": 1}, "eval": {"every": 10**9}}),
+            "algorithm": algorithm}
+
+
 WORKLOADS = {"fedavg-b50": fedavg(50), "fedavg-b10": fedavg(10),
+             "lenet-fedavg": lenet({"name": "fedavg"}),
+             "lenet-fedprox": lenet({"name": "fedprox", "mu": 0.01}),
+             "lenet-scaffold": lenet({"name": "scaffold"}),
              "cfl-b128": cfl(128), "cfl-b10": cfl(10), "digits-b16": tiny()}
 
 
@@ -205,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in args.workloads:
         config = WORKLOADS[name]
-        if config["data"]["dataset"] == "mnist":
+        if config["data"]["dataset"] in ("mnist", "fashion_mnist"):
             config = (cfg.merge(config, {"data": {"root": str(root)}}) if real
                       else on_digits(config))
         federation = build_federation_for(cfg.resolve(config))

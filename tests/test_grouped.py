@@ -123,7 +123,75 @@ def test_many_models_are_grouped_and_equal_sequential(federation, monkeypatch, s
     assert fallback == []
 
 
-def test_objectives_and_batch_norm_fall_back_to_sequential(federation, caplog, monkeypatch):
+OBJECTIVE_SPECS = [
+    TrainSpec(lr=0.1, batch_size=8, epochs=2),
+    TrainSpec(lr=0.05, batch_size=6, epochs=1, momentum=0.9, weight_decay=1e-3,
+              clip_grad_norm=0.5),
+]
+
+
+@pytest.mark.parametrize("spec", OBJECTIVE_SPECS)
+@pytest.mark.parametrize("max_clients", [None, 2])
+def test_local_objectives_train_grouped_and_equal_sequential(federation, spec, max_clients,
+                                                            monkeypatch, one_thread):
+    """FedProx (start and named anchor), SCAFFOLD's correction and per-sample weights train
+    grouped, each client with its own vectors, to the sequential path's updates and losses."""
+    seq, grp, w0 = executors(federation, max_clients=max_clients)
+    fallback, sequential = [], SequentialExecutor.run
+    monkeypatch.setattr(SequentialExecutor, "run", lambda self, tasks, *a: (
+        fallback.extend(t.client for t in tasks) if self is grp else None) or sequential(
+        self, tasks, *a))
+    rng = np.random.default_rng(3)
+    sizes = seq.train_sizes().tolist()
+
+    def vector(scale: float) -> np.ndarray:
+        return (scale * rng.standard_normal(w0.shape)).astype(np.float32)
+
+    def start() -> np.ndarray:
+        return (w0 + vector(0.01)).astype(np.float32)
+
+    tasks = []
+    for c in (4, 0, 2):   # FedProx, towards the start: a large mu so the pull shows
+        tasks.append(ClientTask(c, TaskKind.TRAIN, start(), spec,
+                                objective=LocalObjective(prox_mu=1.0)))
+    for c in (1, 5):      # FedSoft: towards a centre of its own
+        tasks.append(ClientTask(c, TaskKind.TRAIN, start(), spec,
+                                objective=LocalObjective(prox_mu=0.5, anchor=w0 + vector(0.1))))
+    for c in (3, 0, 1):   # SCAFFOLD
+        tasks.append(ClientTask(c, TaskKind.TRAIN, start(), spec,
+                                objective=LocalObjective(correction=vector(0.05))))
+    for c in (2, 3):      # FedEM's M-step: two components on one client, different weights
+        for _ in range(2):
+            weights = rng.uniform(0, 2, sizes[c]).astype(np.float32)
+            tasks.append(ClientTask(c, TaskKind.TRAIN, start(), spec,
+                                    objective=LocalObjective(sample_weights=weights)))
+    tasks.append(ClientTask(5, TaskKind.TRAIN, start(), spec))
+    assert_same(seq.run(tasks, 2, 1), grp.run(tasks, 2, 1))
+    assert fallback == []
+
+
+def test_local_objective_vectors_are_in_the_clients_parameter_space(federation):
+    """Under a privacy transform the anchor and the correction arrive transformed, as the
+    parameters do; the grouped path undoes it as the client runtime does."""
+    module = build_model("mlp", federation.input_shape, 10, hidden=[16])
+    size = FlatModel(module).size
+    transform = ParameterTransform.from_seed("signed_permutation", 4, size)
+    seq, grp, w0 = executors(federation, module=module, transform=transform)
+    rng = np.random.default_rng(5)
+    spec = TrainSpec(lr=0.1, batch_size=10, momentum=0.5)
+    tasks = [ClientTask(c, TaskKind.TRAIN, transform.forward(w0),
+                        spec, objective=LocalObjective(
+                            prox_mu=0.5, anchor=transform.forward(
+                                (w0 + 0.1 * rng.standard_normal(size)).astype(np.float32))))
+             for c in (0, 1)]
+    tasks += [ClientTask(c, TaskKind.TRAIN, transform.forward(w0), spec,
+                         objective=LocalObjective(correction=transform.forward(
+                             (0.05 * rng.standard_normal(size)).astype(np.float32))))
+              for c in (2, 3)]
+    assert_same(seq.run(tasks, 0), grp.run(tasks, 0))
+
+
+def test_meta_steps_and_batch_norm_fall_back_to_sequential(federation, caplog, monkeypatch):
     seq, grp, w0 = executors(federation)
     grouped_calls = []
     original = GroupedExecutor._train_group
@@ -131,14 +199,15 @@ def test_objectives_and_batch_norm_fall_back_to_sequential(federation, caplog, m
         grouped_calls.extend(t.client for t in tasks) or original(self, tasks, *a)))
     spec = TrainSpec(lr=0.1, batch_size=10)
     tasks = [ClientTask(0, TaskKind.TRAIN, w0, spec, objective=LocalObjective(prox_mu=0.1)),
-             ClientTask(1, TaskKind.TRAIN, w0, spec,
-                        objective=LocalObjective(correction=np.ones_like(w0) * 1e-3)),
              ClientTask(2, TaskKind.TRAIN, w0, spec, objective=LocalObjective(maml="fo")),
+             ClientTask(1, TaskKind.TRAIN, w0, TrainSpec(lr=0.01, batch_size=10,
+                                                         optimizer="adam")),
              ClientTask(3, TaskKind.TRAIN, w0, spec)]
     with caplog.at_level(logging.WARNING, logger="clusterfed"):
         assert_same(seq.run(tasks, 0), grp.run(tasks, 0))
-    assert grouped_calls == [3]
-    assert "'objective'" in caplog.text and "sequentially" in caplog.text
+    assert sorted(grouped_calls) == [0, 3]
+    assert "meta steps" in caplog.text and "'optimizer'" in caplog.text
+    assert "sequentially" in caplog.text
 
     for module in (nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.BatchNorm1d(16),
                                  nn.ReLU(), nn.Linear(16, 10)),
@@ -272,12 +341,12 @@ def test_simulation_runs_grouped_in_workers_and_equals_sequential():
 
 
 def test_fallbacks_warn_only_where_the_user_named_the_executor(caplog):
-    """FedProx's tasks carry an objective the grouped path hands to the sequential one: a
+    """Per-FedAvg's meta steps are handed by the grouped path to the sequential one: a
     warning under `run.executor=grouped`, an info line where `auto` picked grouping."""
     def notices(executor: str) -> list[logging.LogRecord]:
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="clusterfed"):
-            Simulation(tiny_config("fedprox", train={"rounds": 1},
+            Simulation(tiny_config("per_fedavg", train={"rounds": 1},
                                    run={"threads": 1, "executor": executor})).run()
         return [r for r in caplog.records if "running those tasks sequentially" in r.message]
 
@@ -294,7 +363,7 @@ def test_grouped_workers_picked_by_auto_do_not_warn_of_their_fallbacks(capfd):
     busy = {"scenario": {"kind": "label_swap", "clients": 20, "clusters": 4},
             "train": {"participation": 1.0, "local_epochs": 3, "rounds": 1}}
     for executor, level in (("auto", logging.INFO), ("grouped", logging.WARNING)):
-        sim = Simulation(tiny_config("fedprox", **busy,
+        sim = Simulation(tiny_config("per_fedavg", **busy,
                                      run={"threads": 2, "executor": executor, "workers": 2}))
         assert sim.executor.grouped and sim.executor.notice_level == level
         capfd.readouterr()

@@ -148,7 +148,12 @@ def test_every_executor_runs_them_as_the_sequential_one_does(executor, one_threa
         for name in ("update", "losses", "labels"):
             x, y = getattr(a, name), getattr(b, name)
             assert (x is None) == (y is None)
-            if x is not None:
+            if x is None:
+                continue
+            if executor is GroupedExecutor and name == "update":
+                # Trained grouped (one wider model): equal to float tolerance, not bit for bit.
+                np.testing.assert_allclose(y, x, rtol=1e-4, atol=2e-6, err_msg=name)
+            else:
                 np.testing.assert_array_equal(y, x, err_msg=name)
 
 

@@ -17,11 +17,16 @@ Equality with the sequential executor (`client.work.train`), to float tolerance:
 - each step is `client.sgd.sgd_step` per parameter tensor (elementwise, as on the flat
   vector); gradient clipping uses each client's norm over all its tensors.
 
+- a task's LocalObjective trains grouped too, as `client.work.train` applies it: FedProx's
+  proximal pull (towards the start or a named anchor, FedSoft's), SCAFFOLD's correction and
+  per-sample weights (FedEM's and FedRC's M-step), each client's vectors packed as its
+  parameters are; the tasks of one group share mu and which terms they carry.
+
 EVALUATE and LOSSES tasks with several models (IFCA's and LCFL's losses of every model on a
 client's data) run the models as one grouped model over the client's data, which the first
-layer reads once. Everything else (one-model evaluations, GRADIENT tasks, training extras such
-as FedProx, SCAFFOLD or Per-FedAvg, models with batch norm, dropout or a forward of their own)
-runs on the sequential path, with a logged notice.
+layer reads once. Everything else (one-model evaluations, GRADIENT tasks, Per-FedAvg's meta
+steps, Adam or a kept optimiser state, models with batch norm, dropout or a forward of their
+own) runs on the sequential path, with a logged notice.
 """
 
 from __future__ import annotations
@@ -42,8 +47,8 @@ from clusterfed.client.work import IGNORE_INDEX
 from clusterfed.data.federation import Federation
 from clusterfed.models.flat import FlatModel
 from clusterfed.models.grouped import GroupedModel, grouped_obstacle
-from clusterfed.sim.vectorised import VectorisedExecutor, batch_plan
-from clusterfed.tasks import ClientResult, ClientTask, TrainSpec
+from clusterfed.sim.vectorised import VectorisedExecutor, batch_plan, task_obstacle
+from clusterfed.tasks import ClientResult, ClientTask, LocalObjective, TrainSpec
 
 # Floats of the widest layer's output per group call. Measured on a 2-core EPYC (img per
 # CPU second, docs/benchmarks.md): the best group held about 1-2.5M (cfl_convnet at batch
@@ -75,18 +80,68 @@ def _clip(grads: list[torch.Tensor], max_norm: float) -> list[torch.Tensor]:
     return [g * factor.reshape(k, *[1] * (g.dim() - 1)) for g in grads]
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupObjective:
+    """A LocalObjective's terms for the K clients of a group, each vector packed as the
+    parameters are (`GroupedModel.pack`): row k is client k's.
+
+    prox_mu: FedProx's mu, shared by the group; anchor: the proximal centre (None: each
+    client's start); correction: SCAFFOLD's c - c_i; sample_weights: one weight per row of the
+    group's concatenated training data.
+    """
+
+    prox_mu: float = 0.0
+    anchor: list[torch.Tensor] | None = None
+    correction: list[torch.Tensor] | None = None
+    sample_weights: torch.Tensor | None = None
+
+
+def objective_kind(objective: LocalObjective | None) -> tuple[float, bool, bool, bool] | None:
+    """What tasks must share to train in one group: mu and which terms they carry."""
+    if objective is None:
+        return None
+    return (objective.prox_mu, objective.anchor is not None, objective.correction is not None,
+            objective.sample_weights is not None)
+
+
+def _batch_losses(per: torch.Tensor, target: torch.Tensor, valid: torch.Tensor,
+                  weights: torch.Tensor | None) -> torch.Tensor:
+    """(active,) each client's batch loss from (active, width, ...) per-token losses.
+
+    Unweighted: the mean over the batch's scored tokens (cross_entropy's mean). Weighted: the
+    mean over the batch of w_j times sample j's loss, a sequence's loss being the mean over its
+    scored tokens (`client.work.per_sample_loss`).
+    """
+    active = len(per)
+    scored = (target != IGNORE_INDEX).to(per.dtype)
+    if weights is None:
+        weight = valid.reshape(active, valid.shape[1], *[1] * (per.dim() - 2)) * scored
+        count = weight.reshape(active, -1).sum(1)
+        return (per * weight).reshape(active, -1).sum(1) / count.clamp(min=1)
+    if per.dim() > 2:
+        per = (per * scored).flatten(2).sum(2) / scored.flatten(2).sum(2).clamp(min=1)
+    mask = valid.to(per.dtype)
+    return (per * weights * mask).sum(1) / mask.sum(1).clamp(min=1)
+
+
 def train_grouped(model: GroupedModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-                  plans: Sequence[np.ndarray], spec: TrainSpec
+                  plans: Sequence[np.ndarray], spec: TrainSpec,
+                  objective: GroupObjective | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Local SGD of K clients at once: (K, d) updates and (K,) mean batch losses.
 
     `params` (K, d) starting points; `plans[k]` (steps_k, batch_k) rows of `x`/`y` (-1: pad),
-    in non-increasing order of steps_k, so the clients still training are a prefix.
+    in non-increasing order of steps_k, so the clients still training are a prefix;
+    `objective` the clients' local objective terms (None: plain SGD on the loss).
     """
     k = len(plans)
     steps = np.array([len(p) for p in plans])
     assert np.all(np.diff(steps) <= 0), "plans must come longest first"
     w = model.pack(params.detach())
+    objective = objective or GroupObjective()
+    mu = objective.prox_mu
+    anchor = objective.anchor or (model.pack(params.detach()) if mu else None)
+    correction = objective.correction
     velocity: list[torch.Tensor] | None = None
     plain = dataclasses.replace(spec, clip_grad_norm=None)
     total = torch.zeros(k, dtype=torch.float64, device=params.device)
@@ -103,17 +158,18 @@ def train_grouped(model: GroupedModel, params: torch.Tensor, x: torch.Tensor, y:
         target = y[rows]
         per = F.cross_entropy(logits.flatten(0, 1), target.flatten(0, 1), reduction="none")
         per = per.reshape(active, width, *per.shape[1:])
-        weight = (valid.reshape(active, width, *[1] * (per.dim() - 2))
-                  & (target != IGNORE_INDEX)).to(per.dtype)
-        count = weight.reshape(active, -1).sum(1)
-        losses = (per * weight).reshape(active, -1).sum(1) / count.clamp(min=1)
+        weights = (None if objective.sample_weights is None
+                   else objective.sample_weights[rows])
+        losses = _batch_losses(per, target, valid, weights)
         grads = list(torch.autograd.grad(losses.sum(), leaves))
         if spec.clip_grad_norm:
             grads = _clip(grads, spec.clip_grad_norm)
         moved = []
         for j, (leaf, grad) in enumerate(zip(leaves, grads, strict=True)):
             new, v = sgd_step(leaf.detach(), grad,
-                              None if velocity is None else velocity[j][:active], plain)
+                              None if velocity is None else velocity[j][:active], plain,
+                              prox_mu=mu, anchor=None if anchor is None else anchor[j][:active],
+                              correction=None if correction is None else correction[j][:active])
             w[j][:active] = new
             moved.append(v)
         if spec.momentum:
@@ -179,10 +235,16 @@ class GroupedExecutor(VectorisedExecutor):
         self.grouped = GroupedModel(model.module)
         self.widest = widest_activation(self.grouped, tuple(federation.input_shape))
 
-    def _group_key(self, task: ClientTask) -> tuple[TrainSpec, int]:
-        """One group per spec, whatever the clients' step counts."""
+    def _task_obstacle(self, task: ClientTask) -> str | None:
+        objective = task.objective
+        if objective is not None and objective.maml is not None:
+            return "Per-FedAvg's meta steps (train objective maml)"
+        return task_obstacle(dataclasses.replace(task, objective=None))
+
+    def _group_key(self, task: ClientTask) -> tuple[TrainSpec, tuple | None]:
+        """One group per spec and objective kind, whatever the clients' step counts."""
         assert task.train is not None
-        return task.train, 0
+        return task.train, objective_kind(task.objective)
 
     def _chunks(self, spec: TrainSpec, members: list[int], tasks: Sequence[ClientTask]
                 ) -> list[list[int]]:
@@ -204,7 +266,8 @@ class GroupedExecutor(VectorisedExecutor):
         x = torch.cat([x for x, _ in data])
         y = torch.cat([y for _, y in data])
         params = torch.as_tensor(np.stack([self._params(t) for t in tasks])).to(self.device)
-        updates, losses = train_grouped(self.grouped, params, x, y, plans, spec)
+        objective = self._group_objective(tasks, sizes)
+        updates, losses = train_grouped(self.grouped, params, x, y, plans, spec, objective)
         out = []
         for t, n, s, update, loss in zip(tasks, sizes, steps, updates.cpu().numpy(),
                                          losses.tolist(), strict=True):
@@ -213,6 +276,33 @@ class GroupedExecutor(VectorisedExecutor):
             out.append(ClientResult(t.client, t.kind, n, update=update, loss=loss,
                                     meta={**t.meta, "local_steps": s}, task_id=t.id))
         return out
+
+    def _group_objective(self, tasks: Sequence[ClientTask], sizes: Sequence[int]
+                         ) -> GroupObjective | None:
+        """The group's objective terms on the device, vectors in the clients' parameter space
+        (the privacy transform undone, as the client runtime does)."""
+        first = tasks[0].objective
+        if first is None:
+            return None
+        objectives = [t.objective for t in tasks]
+
+        def packed(vectors: list[np.ndarray | None]) -> list[torch.Tensor] | None:
+            if vectors[0] is None:
+                return None
+            stacked = np.stack([self._params_of(np.asarray(v, dtype=np.float32))
+                                for v in vectors])
+            return self.grouped.pack(torch.as_tensor(stacked).to(self.device))
+
+        weights = None
+        if first.sample_weights is not None:
+            for o, n in zip(objectives, sizes, strict=True):
+                if len(o.sample_weights) != n:
+                    raise ValueError(f"{len(o.sample_weights)} sample weights for {n} training "
+                                     "samples")
+            weights = torch.as_tensor(np.concatenate(
+                [o.sample_weights for o in objectives]).astype(np.float32)).to(self.device)
+        return GroupObjective(first.prox_mu, packed([o.anchor for o in objectives]),
+                              packed([o.correction for o in objectives]), weights)
 
     def _evaluate_many(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor
                        ) -> tuple[np.ndarray, np.ndarray]:

@@ -227,7 +227,11 @@ class VectorisedExecutor(SequentialExecutor):
             log.log(self.notice_level, "%s: %s; running those tasks sequentially", self.label,
                     reason)
 
-    def _group_key(self, task: ClientTask) -> tuple[TrainSpec, int]:
+    def _task_obstacle(self, task: ClientTask) -> str | None:
+        """Why `task` must run on the sequential path here, or None."""
+        return task_obstacle(task)
+
+    def _group_key(self, task: ClientTask) -> tuple[TrainSpec, Any]:
         """Tasks of one key train together: here the spec and the number of local steps."""
         assert task.train is not None
         return task.train, task.train.num_steps(len(self.train[task.client][1]))
@@ -241,10 +245,10 @@ class VectorisedExecutor(SequentialExecutor):
     def run(self, tasks: Sequence[ClientTask], round_index: int, step: int = 0
             ) -> list[ClientResult]:
         results: list[ClientResult | None] = [None] * len(tasks)
-        groups: dict[tuple[TrainSpec, int], list[int]] = {}
+        groups: dict[tuple[TrainSpec, Any], list[int]] = {}
         sequential: list[int] = []
         for i, task in enumerate(tasks):
-            reason = self.obstacle or task_obstacle(task)
+            reason = self.obstacle or self._task_obstacle(task)
             if reason is not None:
                 self._notice(reason)
                 sequential.append(i)
