@@ -9,8 +9,9 @@ default's pick on 2 cores and on one). Workloads:
   clients x 600, 10 clients a round, 1 local epoch), batch 50 and batch 10; no evaluation;
 - lenet-fedavg, lenet-fedprox, lenet-scaffold: PACFL's Table 1 round (LeNet-5, Fashion-MNIST
   in 20 % label skew, 100 clients x 600, 10 a round, batch 10) at 1 local epoch, no
-  evaluation, under FedAvg, FedProx (mu 0.01) and SCAFFOLD, whose clients add a proximal pull
-  or a control-variate correction to every step;
+  evaluation, under FedAvg, FedProx (mu 0.01), SCAFFOLD and Per-FedAvg (first order, PACFL's
+  Table 3 alpha and beta), whose clients add a proximal pull or a control-variate correction
+  to every step, or take meta steps of two batches;
 - cfl-b128: the CFL reference workload, preset `cfl-mnist-labelswap-small` (MNIST label swap,
   20 clients in 4 clusters, `cfl_convnet`) at 400 images a client, batch 128, 1 local epoch,
   every client every round, evaluation after every round (timed with the round);
@@ -106,6 +107,7 @@ WORKLOADS = {"fedavg-b50": fedavg(50), "fedavg-b10": fedavg(10),
              "lenet-fedavg": lenet({"name": "fedavg"}),
              "lenet-fedprox": lenet({"name": "fedprox", "mu": 0.01}),
              "lenet-scaffold": lenet({"name": "scaffold"}),
+             "lenet-per-fedavg": lenet({"name": "per_fedavg", "alpha": 0.01, "beta": 0.001}),
              "cfl-b128": cfl(128), "cfl-b10": cfl(10), "digits-b16": tiny()}
 
 

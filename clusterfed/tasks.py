@@ -112,8 +112,8 @@ class LocalObjective:
     sample_weights: one non-negative weight per training sample, in the client's data order
         (the order of a per-sample LOSSES result); each batch's loss is then the mean of
         w_j * loss_j (FedEM's and FedRC's responsibility-weighted M-step).
-    The grouped executor trains all of these but `maml` grouped; the vectorised one (vmap)
-    runs tasks with an objective one by one.
+    The grouped executor trains all of these grouped; the vectorised one (vmap) runs tasks
+    with an objective one by one.
     """
 
     prox_mu: float = 0.0

@@ -123,6 +123,7 @@ def test_many_models_are_grouped_and_equal_sequential(federation, monkeypatch, s
     assert fallback == []
 
 
+ADAM = {"optimizer": "adam", "lr": 0.01}
 OBJECTIVE_SPECS = [
     TrainSpec(lr=0.1, batch_size=8, epochs=2),
     TrainSpec(lr=0.05, batch_size=6, epochs=1, momentum=0.9, weight_decay=1e-3,
@@ -134,8 +135,9 @@ OBJECTIVE_SPECS = [
 @pytest.mark.parametrize("max_clients", [None, 2])
 def test_local_objectives_train_grouped_and_equal_sequential(federation, spec, max_clients,
                                                             monkeypatch, one_thread):
-    """FedProx (start and named anchor), SCAFFOLD's correction and per-sample weights train
-    grouped, each client with its own vectors, to the sequential path's updates and losses."""
+    """FedProx (start and named anchor), SCAFFOLD's correction, per-sample weights and
+    Per-FedAvg's meta steps train grouped, each client with its own vectors, to the sequential
+    path's updates and losses."""
     seq, grp, w0 = executors(federation, max_clients=max_clients)
     fallback, sequential = [], SequentialExecutor.run
     monkeypatch.setattr(SequentialExecutor, "run", lambda self, tasks, *a: (
@@ -165,6 +167,11 @@ def test_local_objectives_train_grouped_and_equal_sequential(federation, spec, m
             weights = rng.uniform(0, 2, sizes[c]).astype(np.float32)
             tasks.append(ClientTask(c, TaskKind.TRAIN, start(), spec,
                                     objective=LocalObjective(sample_weights=weights)))
+    for variant in ("fo", "hf"):   # Per-FedAvg's meta steps, 2 and 3 batches a step
+        for c in (5, 2, 4):
+            tasks.append(ClientTask(c, TaskKind.TRAIN, start(), spec,
+                                    objective=LocalObjective(maml=variant, maml_alpha=0.03,
+                                                             maml_delta=1e-2)))
     tasks.append(ClientTask(5, TaskKind.TRAIN, start(), spec))
     assert_same(seq.run(tasks, 2, 1), grp.run(tasks, 2, 1))
     assert fallback == []
@@ -191,7 +198,7 @@ def test_local_objective_vectors_are_in_the_clients_parameter_space(federation):
     assert_same(seq.run(tasks, 0), grp.run(tasks, 0))
 
 
-def test_meta_steps_and_batch_norm_fall_back_to_sequential(federation, caplog, monkeypatch):
+def test_adam_and_batch_norm_fall_back_to_sequential(federation, caplog, monkeypatch):
     seq, grp, w0 = executors(federation)
     grouped_calls = []
     original = GroupedExecutor._train_group
@@ -205,9 +212,8 @@ def test_meta_steps_and_batch_norm_fall_back_to_sequential(federation, caplog, m
              ClientTask(3, TaskKind.TRAIN, w0, spec)]
     with caplog.at_level(logging.WARNING, logger="clusterfed"):
         assert_same(seq.run(tasks, 0), grp.run(tasks, 0))
-    assert sorted(grouped_calls) == [0, 3]
-    assert "meta steps" in caplog.text and "'optimizer'" in caplog.text
-    assert "sequentially" in caplog.text
+    assert sorted(grouped_calls) == [0, 2, 3]
+    assert "'optimizer'" in caplog.text and "sequentially" in caplog.text
 
     for module in (nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.BatchNorm1d(16),
                                  nn.ReLU(), nn.Linear(16, 10)),
@@ -341,12 +347,12 @@ def test_simulation_runs_grouped_in_workers_and_equals_sequential():
 
 
 def test_fallbacks_warn_only_where_the_user_named_the_executor(caplog):
-    """Per-FedAvg's meta steps are handed by the grouped path to the sequential one: a
-    warning under `run.executor=grouped`, an info line where `auto` picked grouping."""
+    """Adam's steps are handed by the grouped path to the sequential one: a warning under
+    `run.executor=grouped`, an info line where `auto` picked grouping."""
     def notices(executor: str) -> list[logging.LogRecord]:
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="clusterfed"):
-            Simulation(tiny_config("per_fedavg", train={"rounds": 1},
+            Simulation(tiny_config("fedavg", train={"rounds": 1, **ADAM},
                                    run={"threads": 1, "executor": executor})).run()
         return [r for r in caplog.records if "running those tasks sequentially" in r.message]
 
@@ -361,9 +367,9 @@ def test_grouped_workers_picked_by_auto_do_not_warn_of_their_fallbacks(capfd):
     """The workers build their own grouped executor: the level travels in their setup (their
     warnings reach stderr through logging's last-resort handler)."""
     busy = {"scenario": {"kind": "label_swap", "clients": 20, "clusters": 4},
-            "train": {"participation": 1.0, "local_epochs": 3, "rounds": 1}}
+            "train": {"participation": 1.0, "local_epochs": 3, "rounds": 1, **ADAM}}
     for executor, level in (("auto", logging.INFO), ("grouped", logging.WARNING)):
-        sim = Simulation(tiny_config("per_fedavg", **busy,
+        sim = Simulation(tiny_config("fedavg", **busy,
                                      run={"threads": 2, "executor": executor, "workers": 2}))
         assert sim.executor.grouped and sim.executor.notice_level == level
         capfd.readouterr()

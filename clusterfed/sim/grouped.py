@@ -20,13 +20,15 @@ Equality with the sequential executor (`client.work.train`), to float tolerance:
 - a task's LocalObjective trains grouped too, as `client.work.train` applies it: FedProx's
   proximal pull (towards the start or a named anchor, FedSoft's), SCAFFOLD's correction and
   per-sample weights (FedEM's and FedRC's M-step), each client's vectors packed as its
-  parameters are; the tasks of one group share mu and which terms they carry.
+  parameters are; Per-FedAvg's meta steps as `client.work.meta_train` takes them (two or
+  three consecutive batches of one stream a step); the tasks of one group share mu, the meta
+  step and which terms they carry.
 
 EVALUATE and LOSSES tasks with several models (IFCA's and LCFL's losses of every model on a
 client's data) run the models as one grouped model over the client's data, which the first
-layer reads once. Everything else (one-model evaluations, GRADIENT tasks, Per-FedAvg's meta
-steps, Adam or a kept optimiser state, models with batch norm, dropout or a forward of their
-own) runs on the sequential path, with a logged notice.
+layer reads once. Everything else (one-model evaluations, GRADIENT tasks, Adam or a kept
+optimiser state, models with batch norm, dropout or a forward of their own) runs on the
+sequential path, with a logged notice.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -87,21 +89,32 @@ class GroupObjective:
 
     prox_mu: FedProx's mu, shared by the group; anchor: the proximal centre (None: each
     client's start); correction: SCAFFOLD's c - c_i; sample_weights: one weight per row of the
-    group's concatenated training data.
+    group's concatenated training data; maml, maml_alpha, maml_delta: Per-FedAvg's meta step
+    (`LocalObjective`), shared by the group.
     """
 
     prox_mu: float = 0.0
     anchor: list[torch.Tensor] | None = None
     correction: list[torch.Tensor] | None = None
     sample_weights: torch.Tensor | None = None
+    maml: str | None = None
+    maml_alpha: float = 0.01
+    maml_delta: float = 1e-3
+
+    @property
+    def batches_per_step(self) -> int:
+        """Batches a local step draws: Per-FedAvg's D, D' ('fo') and D'' ('hf'); else one."""
+        return {None: 1, "fo": 2, "hf": 3}[self.maml]
 
 
-def objective_kind(objective: LocalObjective | None) -> tuple[float, bool, bool, bool] | None:
-    """What tasks must share to train in one group: mu and which terms they carry."""
+def objective_kind(objective: LocalObjective | None) -> tuple | None:
+    """What tasks must share to train in one group: mu, the meta step and which terms they
+    carry."""
     if objective is None:
         return None
     return (objective.prox_mu, objective.anchor is not None, objective.correction is not None,
-            objective.sample_weights is not None)
+            objective.sample_weights is not None, objective.maml, objective.maml_alpha,
+            objective.maml_delta)
 
 
 def _batch_losses(per: torch.Tensor, target: torch.Tensor, valid: torch.Tensor,
@@ -124,48 +137,73 @@ def _batch_losses(per: torch.Tensor, target: torch.Tensor, valid: torch.Tensor,
     return (per * weights * mask).sum(1) / mask.sum(1).clamp(min=1)
 
 
+def _batch_rows(plans: Sequence[np.ndarray], active: int, row: int, device: torch.device
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row `row` of the first `active` clients' plans: (active, width) data rows (padding
+    points at row 0) and which of them are real samples."""
+    width = max(plans[i].shape[1] for i in range(active))
+    index = np.full((active, width), -1, dtype=np.int64)
+    for i in range(active):
+        index[i, :plans[i].shape[1]] = plans[i][row]
+    valid = torch.from_numpy(index >= 0).to(device)
+    return torch.from_numpy(np.where(index >= 0, index, 0)).to(device), valid
+
+
+def _losses_and_grads(model: GroupedModel, tensors: Sequence[torch.Tensor], x: torch.Tensor,
+                      y: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor,
+                      weights: torch.Tensor | None
+                      ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Each client's batch loss at its packed parameters and its gradient, per tensor."""
+    leaves = [t.detach().requires_grad_(True) for t in tensors]
+    logits = model(leaves, x[rows])                      # (active, width, classes, ...)
+    target = y[rows]
+    per = F.cross_entropy(logits.flatten(0, 1), target.flatten(0, 1), reduction="none")
+    per = per.reshape(*rows.shape, *per.shape[1:])
+    losses = _batch_losses(per, target, valid, None if weights is None else weights[rows])
+    return losses.detach(), list(torch.autograd.grad(losses.sum(), leaves))
+
+
 def train_grouped(model: GroupedModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
                   plans: Sequence[np.ndarray], spec: TrainSpec,
                   objective: GroupObjective | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Local SGD of K clients at once: (K, d) updates and (K,) mean batch losses.
 
-    `params` (K, d) starting points; `plans[k]` (steps_k, batch_k) rows of `x`/`y` (-1: pad),
-    in non-increasing order of steps_k, so the clients still training are a prefix;
-    `objective` the clients' local objective terms (None: plain SGD on the loss).
+    `params` (K, d) starting points; `plans[k]` rows of `x`/`y` (-1: pad), one batch a row
+    (`objective.batches_per_step` rows a step), in non-increasing order of length, so the
+    clients still training are a prefix; `objective` the clients' local objective terms (None:
+    plain SGD on the loss).
     """
     k = len(plans)
-    steps = np.array([len(p) for p in plans])
+    objective = objective or GroupObjective()
+    per_step = objective.batches_per_step
+    steps = np.array([len(p) // per_step for p in plans])
     assert np.all(np.diff(steps) <= 0), "plans must come longest first"
     w = model.pack(params.detach())
-    objective = objective or GroupObjective()
     mu = objective.prox_mu
     anchor = objective.anchor or (model.pack(params.detach()) if mu else None)
     correction = objective.correction
     velocity: list[torch.Tensor] | None = None
     plain = dataclasses.replace(spec, clip_grad_norm=None)
     total = torch.zeros(k, dtype=torch.float64, device=params.device)
+
+    def losses_and_grads(tensors: Sequence[torch.Tensor], row: int, active: int
+                         ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        rows, valid = _batch_rows(plans, active, row, params.device)
+        return _losses_and_grads(model, tensors, x, y, rows, valid, objective.sample_weights)
+
     for s in range(int(steps[0])):
         active = int((steps > s).sum())
-        width = max(plans[i].shape[1] for i in range(active))
-        index = np.full((active, width), -1, dtype=np.int64)
-        for i in range(active):
-            index[i, :plans[i].shape[1]] = plans[i][s]
-        valid = torch.from_numpy(index >= 0).to(params.device)
-        rows = torch.from_numpy(np.where(index >= 0, index, 0)).to(params.device)
-        leaves = [t[:active].detach().requires_grad_(True) for t in w]
-        logits = model(leaves, x[rows])                      # (active, width, classes, ...)
-        target = y[rows]
-        per = F.cross_entropy(logits.flatten(0, 1), target.flatten(0, 1), reduction="none")
-        per = per.reshape(active, width, *per.shape[1:])
-        weights = (None if objective.sample_weights is None
-                   else objective.sample_weights[rows])
-        losses = _batch_losses(per, target, valid, weights)
-        grads = list(torch.autograd.grad(losses.sum(), leaves))
+        current = [t[:active] for t in w]
+        if objective.maml is None:
+            losses, grads = losses_and_grads(current, s, active)
+        else:
+            losses, grads = _meta_gradient(objective, current, s * per_step, active,
+                                           losses_and_grads)
         if spec.clip_grad_norm:
             grads = _clip(grads, spec.clip_grad_norm)
         moved = []
-        for j, (leaf, grad) in enumerate(zip(leaves, grads, strict=True)):
+        for j, (leaf, grad) in enumerate(zip(current, grads, strict=True)):
             new, v = sgd_step(leaf.detach(), grad,
                               None if velocity is None else velocity[j][:active], plain,
                               prox_mu=mu, anchor=None if anchor is None else anchor[j][:active],
@@ -178,9 +216,32 @@ def train_grouped(model: GroupedModel, params: torch.Tensor, x: torch.Tensor, y:
             else:
                 for j, v in enumerate(moved):
                     velocity[j][:active] = v
-        total[:active] += losses.detach().double()
+        total[:active] += losses.double()
     updates = model.unpack(w) - params
     return updates, total / torch.as_tensor(steps, dtype=torch.float64, device=total.device)
+
+
+def _meta_gradient(objective: GroupObjective, w: list[torch.Tensor], first_row: int,
+                   active: int, losses_and_grads: Callable[
+                       [Sequence[torch.Tensor], int, int],
+                       tuple[torch.Tensor, list[torch.Tensor]]]
+                   ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Per-FedAvg's meta-gradient of each client, `client.work.meta_gradient` per tensor, on
+    the step's consecutive batches D, D' (and D'' for 'hf'): the loss at w~ on D' and the
+    meta-gradient."""
+    alpha = objective.maml_alpha
+    _, inner = losses_and_grads(w, first_row, active)
+    tilde = [t - alpha * g for t, g in zip(w, inner, strict=True)]
+    losses, grads = losses_and_grads(tilde, first_row + 1, active)
+    if objective.maml == "fo":
+        return losses, grads
+    delta = objective.maml_delta
+    _, plus = losses_and_grads([t + delta * g for t, g in zip(w, grads, strict=True)],
+                               first_row + 2, active)
+    _, minus = losses_and_grads([t - delta * g for t, g in zip(w, grads, strict=True)],
+                                first_row + 2, active)
+    return losses, [g - alpha * (p - m) / (2 * delta)
+                    for g, p, m in zip(grads, plus, minus, strict=True)]
 
 
 @torch.no_grad()
@@ -236,9 +297,6 @@ class GroupedExecutor(VectorisedExecutor):
         self.widest = widest_activation(self.grouped, tuple(federation.input_shape))
 
     def _task_obstacle(self, task: ClientTask) -> str | None:
-        objective = task.objective
-        if objective is not None and objective.maml is not None:
-            return "Per-FedAvg's meta steps (train objective maml)"
         return task_obstacle(dataclasses.replace(task, objective=None))
 
     def _group_key(self, task: ClientTask) -> tuple[TrainSpec, tuple | None]:
@@ -259,14 +317,15 @@ class GroupedExecutor(VectorisedExecutor):
         data = [self.train[t.client] for t in tasks]
         sizes = [len(y) for _, y in data]
         steps = [spec.num_steps(n) for n in sizes]
+        objective = self._group_objective(tasks, sizes)
+        per_step = 1 if objective is None else objective.batches_per_step
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         plans = [np.where(p >= 0, p + o, -1) for p, o in zip(
-            (batch_plan(n, spec, s, self.generator(t.client, round_index, step))
+            (batch_plan(n, spec, s * per_step, self.generator(t.client, round_index, step))
              for n, s, t in zip(sizes, steps, tasks, strict=True)), offsets, strict=True)]
         x = torch.cat([x for x, _ in data])
         y = torch.cat([y for _, y in data])
         params = torch.as_tensor(np.stack([self._params(t) for t in tasks])).to(self.device)
-        objective = self._group_objective(tasks, sizes)
         updates, losses = train_grouped(self.grouped, params, x, y, plans, spec, objective)
         out = []
         for t, n, s, update, loss in zip(tasks, sizes, steps, updates.cpu().numpy(),
@@ -302,7 +361,8 @@ class GroupedExecutor(VectorisedExecutor):
             weights = torch.as_tensor(np.concatenate(
                 [o.sample_weights for o in objectives]).astype(np.float32)).to(self.device)
         return GroupObjective(first.prox_mu, packed([o.anchor for o in objectives]),
-                              packed([o.correction for o in objectives]), weights)
+                              packed([o.correction for o in objectives]), weights,
+                              first.maml, first.maml_alpha, first.maml_delta)
 
     def _evaluate_many(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor
                        ) -> tuple[np.ndarray, np.ndarray]:
