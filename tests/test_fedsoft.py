@@ -116,6 +116,27 @@ def test_a_round_estimates_trains_proximally_and_moves_the_centres():
     assert done.metrics["fedsoft"]["importance"][2] == [0.1, 1.0]
 
 
+def test_local_start_anchor_starts_from_the_proximal_centre_and_keeps_what_it_trained():
+    algo = FedSoft(k=2, lam=0.5, sigma=0.1, local_start="anchor")
+    state = algo.init(setup([4, 2, 4]))
+    state.personal[:] = [[7, 7], [8, 8], [9, 9]]   # last values the anchor start ignores
+    results = [ClientResult(0, TaskKind.LOSSES, 4, losses=np.array([[1, 1, 1, 9], [2, 2, 2, 1.0]])),
+               ClientResult(2, TaskKind.LOSSES, 4, losses=np.array([[5, 5, 5, 5], [1, 1, 1, 1.0]]))]
+    state = algo.update(state, ctx(0, [0, 2]), results).state
+    train = algo.plan(state, ctx(0, [0, 2], step=1))
+    # u = (0.75, 0.25) and (0.1, 1.0) over centres (0, 0) and (1, 1): the tasks start at a.
+    np.testing.assert_allclose(train[0].params, [0.25, 0.25])
+    np.testing.assert_allclose(train[1].params, [1 / 1.1] * 2, rtol=1e-6)
+    np.testing.assert_allclose(train[0].objective.anchor, train[0].params)
+    trained = [ClientResult(0, TaskKind.TRAIN, 4, update=np.array([2.0, 0.0], np.float32),
+                            loss=0.1),
+               ClientResult(2, TaskKind.TRAIN, 4, update=np.array([0.0, 4.0], np.float32),
+                            loss=0.1)]
+    done = algo.update(state, ctx(0, [0, 2], step=1), trained)
+    np.testing.assert_allclose(done.state.personal,
+                               [[2.25, 0.25], [8, 8], [1 / 1.1, 4 + 1 / 1.1]], rtol=1e-6)
+
+
 def test_between_estimations_only_never_estimated_clients_estimate():
     algo = FedSoft(k=2, tau=2)
     state = algo.init(setup([4, 4, 4]))
@@ -144,7 +165,7 @@ def test_served_centres_fall_back_to_the_most_common():
 @pytest.mark.parametrize(("options", "message"), [
     ({"k": 0}, "k must"), ({"tau": 0}, "tau"), ({"sigma": 0.0}, "sigma"),
     ({"lam": -1.0}, "lam"), ({"selection_size": 0}, "selection_size"),
-    ({"select_round": -1}, "select_round")])
+    ({"select_round": -1}, "select_round"), ({"local_start": "centre"}, "local_start")])
 def test_bad_options_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
         FedSoft(**options)

@@ -53,7 +53,10 @@ Deviations, and why:
   S draws of the model's init scheme and every personal model at the initial model, as the
   authors' code starts them.
 - Personal models start each local problem from their last value (the authors' code; the paper
-  leaves the starting point of the inexact solver open).
+  leaves the starting point of the inexact solver open). `local_start: anchor` starts it from
+  the proximal centre a = sum_s u_s theta_s / sum_s u_s instead (as IFCA's and FedAvg's
+  clients start from the model they are sent): not the paper's or the authors' rule, an
+  option for finding what FedSoft's personal models cost its centres.
 - The server keeps the personal models (n x d in the state, fine for small models) and sends
   each selected client its own with the anchor; the paper's client keeps its model and downloads
   the S centres. The local problem is the same.
@@ -94,6 +97,7 @@ from clusterfed.state import serialisable
 from clusterfed.tasks import LocalObjective, LossSpec
 
 NEVER = -1
+LOCAL_STARTS = ("personal", "anchor")
 _SELECT_TAG = 0xF5F7
 
 
@@ -184,6 +188,7 @@ class FedSoft:
     lam: float = 0.1                    # lambda, the proximal weight (authors' MNIST: 0.1)
     sigma: float = 1e-4                 # the smoother of Alg. 1, estimation (the authors': 1e-4)
     selection_size: int | None = None   # K per centre; None: every sampled client
+    local_start: str = "personal"       # "personal" (the authors') or "anchor" (see above)
     sees: ClassVar[frozenset[str]] = frozenset({"concept", "feature", "label"})
     toy_mixture_options: ClassVar[dict[str, Any] | None] = {"rounds": 8, "select_round": 4}
 
@@ -198,6 +203,9 @@ class FedSoft:
                              f"got {self.tau!r}")
         if not self.lam >= 0:
             raise ValueError(f"lam (the proximal weight) must be >= 0, got {self.lam!r}")
+        if self.local_start not in LOCAL_STARTS:
+            raise ValueError(f"local_start must be one of {', '.join(LOCAL_STARTS)}, "
+                             f"got {self.local_start!r}")
         if not 0 < self.sigma <= 1:
             raise ValueError(f"sigma must be in (0, 1]: it keeps every importance weight "
                              f"positive, got {self.sigma!r}")
@@ -262,9 +270,15 @@ class FedSoft:
             if self.lam > 0:
                 mu, anchor = proximal_term(state.importance[c], state.centres, self.lam)
                 objective = LocalObjective(prox_mu=mu, anchor=anchor)
-            tasks.append(ClientTask(c, TaskKind.TRAIN, state.personal[c], ctx.train,
+            tasks.append(ClientTask(c, TaskKind.TRAIN, self._start(state, c), ctx.train,
                                     objective=objective))
         return tasks
+
+    def _start(self, state: FedSoftState, client: int) -> np.ndarray:
+        """Where client `client`'s local problem starts (`local_start`)."""
+        if self.local_start == "anchor":
+            return proximal_term(state.importance[client], state.centres, 1.0)[1]
+        return state.personal[client]
 
     # Updating -----------------------------------------------------------------------------
 
@@ -340,7 +354,7 @@ class FedSoft:
             return Update(state)
         personal = state.personal.copy()
         for x in results:
-            personal[x.client] = state.personal[x.client] + x.update
+            personal[x.client] = self._start(state, x.client) + x.update
         answered = np.isin(trainers, [x.client for x in results])
         centres = centre_update(state.centres, weights[:, answered], personal[trainers[answered]])
         state = replace(state, centres=centres, personal=personal)
