@@ -103,11 +103,21 @@ def lenet(algorithm: dict[str, Any]) -> dict[str, Any]:
             "algorithm": algorithm}
 
 
+def rotmnist_mlp(algorithm: dict[str, Any]) -> dict[str, Any]:
+    """FedSoft's and IFCA's rotated-MNIST round (preset `fedsoft-rotmnist`: MLP 784-200-10,
+    100 clients x 150, all a round, batch 10) at 1 local epoch, no evaluation."""
+    preset = cfg.resolve("fedsoft-rotmnist")
+    return {**cfg.merge(preset, {"train": {"local_epochs": 1}, "eval": {"every": 10**9}}),
+            "algorithm": algorithm}
+
+
 WORKLOADS = {"fedavg-b50": fedavg(50), "fedavg-b10": fedavg(10),
              "lenet-fedavg": lenet({"name": "fedavg"}),
              "lenet-fedprox": lenet({"name": "fedprox", "mu": 0.01}),
              "lenet-scaffold": lenet({"name": "scaffold"}),
              "lenet-per-fedavg": lenet({"name": "per_fedavg", "alpha": 0.01, "beta": 0.001}),
+             "mlp-fedavg": rotmnist_mlp({"name": "fedavg"}),
+             "mlp-ifca": rotmnist_mlp({"name": "ifca", "k": 2, "restarts": 1}),
              "cfl-b128": cfl(128), "cfl-b10": cfl(10), "digits-b16": tiny()}
 
 

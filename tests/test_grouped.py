@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 
@@ -293,6 +294,36 @@ def test_auto_groups_small_steps_on_several_cores_and_on_one():
     assert auto_kind(cpu, Workload(10, 6000, 1, None, "batch norm", small))[0] == "sequential"
     assert auto_kind(cpu, Workload(1, 6000, 1, None, None, small))[0] == "sequential"
     assert auto_kind(cuda, several)[0] == "vectorised"
+
+
+def test_auto_leaves_mlps_to_the_sequential_executor_and_plain_workers():
+    # An MLP uses each weight once a sample: grouped it streams every client's weights and
+    # measured 0.43x sequential at batch 10 (docs/benchmarks.md, 2026-11-29).
+    from clusterfed import config as cfg
+    from clusterfed.sim.build import build_federation_for
+    from clusterfed.sim.choice import auto_kind, workload
+    cpu = torch.device("cpu")
+    config = cfg.resolve(tiny_config("fedavg"), ["train.batch_size=10"])
+    federation = build_federation_for(config)
+    shape = tuple(federation.input_shape)
+
+    def work(name: str, threads: int, **options):
+        model = FlatModel(build_model(name, shape, 10, **options))
+        run = {**config["run"], "threads": threads}
+        return workload(run, config["train"], model, federation)
+
+    mlp, cnn = work("mlp", 1, hidden=200), work("digits_cnn", 1)
+    assert mlp.grouped_obstacle is None and mlp.step_flops < cnn.step_flops * 100
+    assert mlp.flops_per_parameter == pytest.approx(2.0, rel=0.05)   # one multiply-add a weight
+    assert cnn.flops_per_parameter > 10
+    one = auto_kind(cpu, mlp)
+    assert one[0] == "sequential" and "forward FLOPs a sample per parameter" in one[1]
+    assert auto_kind(cpu, cnn)[0] == "grouped"
+    busy = dataclasses.replace(mlp, cores=2, samples_per_round=6000)
+    assert auto_kind(cpu, busy)[0] == "processes"
+    assert auto_kind(cpu, dataclasses.replace(busy, samples_per_round=200))[0] == "sequential"
+    assert auto_kind(cpu, dataclasses.replace(cnn, cores=2, samples_per_round=6000))[0] \
+        == "grouped"
 
 
 # Grouped workers (`run.executor=grouped`, `run.workers` 2 or more) ------------------------------

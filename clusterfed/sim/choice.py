@@ -49,6 +49,16 @@ MAX_STEP_FLOPS_FOR_GROUPED = 200e6
 # bit: the one-thread runs recorded before 2026-11-27 were sequential, and
 # `run.executor=sequential` reruns them to the last digit.
 MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE = 400e6
+# Grouping pays only where each weight is used many times a sample (convolutions): a grouped
+# step streams every client's copy of the weights through memory, where the sequential
+# executor keeps one copy in cache. Forward FLOPs a sample per parameter: an MLP's Linear
+# layers give 2 (one multiply-add a weight), the CNNs measured here 13-94. Measured at one
+# thread (docs/benchmarks.md, 2026-11-29), MLP 784-200-10 at batch 10 / 50 / 150: grouped
+# 0.43x / 0.81x / 0.96x sequential, grouped workers 0.85x plain ones at batch 10; LeNet-5
+# (12.7) 1.93x, digits_cnn (13.4) 2.2x, cfl_convnet (94) 2.5-2.8x.
+MIN_FLOPS_PER_PARAMETER_FOR_GROUPED = 4.0
+# A training step costs about three forward passes (forward, input and weight gradients).
+TRAINING_PASSES = 3.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,13 @@ class Workload:
     # training FLOPs per local step.
     grouped_obstacle: str | None = "not weighed"
     step_flops: float = float("inf")
+    # One sample's forward FLOPs per parameter (MIN_FLOPS_PER_PARAMETER_FOR_GROUPED).
+    flops_per_parameter: float = float("inf")
+
+    def groups_well(self, max_step_flops: float) -> bool:
+        """Whether the grouped executor trains the model and pays at this step size."""
+        return (self.grouped_obstacle is None and self.step_flops <= max_step_flops
+                and self.flops_per_parameter >= MIN_FLOPS_PER_PARAMETER_FOR_GROUPED)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -82,10 +99,11 @@ def resolve_device(name: str) -> torch.device:
 def auto_kind(device: torch.device, workload: Workload | None) -> tuple[str, str]:
     """`auto`'s executor and why: vectorised on CUDA; on a CPU, where the run may use several
     cores, for a round of several clients and enough samples, worker processes: grouped ones
-    for a model the grouped executor trains at small local steps (MAX_STEP_FLOPS_FOR_GROUPED),
-    else plain ones; below MIN_SAMPLES_FOR_PROCESSES such a model grouped in this process;
-    otherwise sequential. All but grouped give a one-thread sequential run's
-    results bit for bit; grouped gives them to float tolerance.
+    for a model the grouped executor trains at small local steps (MAX_STEP_FLOPS_FOR_GROUPED)
+    that uses each weight several times a sample (MIN_FLOPS_PER_PARAMETER_FOR_GROUPED: CNNs,
+    not MLPs), else plain ones; below MIN_SAMPLES_FOR_PROCESSES such a model grouped in this
+    process; otherwise sequential. All but grouped give a one-thread sequential run's results
+    bit for bit; grouped gives them to float tolerance.
 
     Measured (docs/benchmarks.md, 2 cores): on a quiet machine two single-threaded workers beat
     one two-threaded process (FedAvg CNN at batch 50: 2.89 against 3.29 s a round); when other
@@ -98,20 +116,22 @@ def auto_kind(device: torch.device, workload: Workload | None) -> tuple[str, str
         return "sequential", "CPU"
     if workload.cores < 2:
         why = "one core (usable cores, capped by run.threads or torch's threads)"
-        if workload.grouped_obstacle is None and workload.clients_per_round >= 2 \
-                and workload.step_flops <= MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE:
+        if workload.clients_per_round >= 2 \
+                and workload.groups_well(MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE):
             return "grouped", (f"{why}, {workload.clients_per_round} clients a round, local "
                                f"steps of {workload.step_flops / 1e6:.0f} MFLOP: grouped in "
                                f"this process; results equal sequential's to float tolerance "
                                f"(run.executor=sequential: bit for bit)")
+        if workload.flops_per_parameter < MIN_FLOPS_PER_PARAMETER_FOR_GROUPED:
+            why += (f"; not grouped: {workload.flops_per_parameter:.1f} forward FLOPs a sample "
+                    f"per parameter, too few to pay for streaming every client's weights")
         return "sequential", why
     if workload.obstacle:
         return "sequential", workload.obstacle
     if workload.clients_per_round < MIN_CLIENTS_FOR_PROCESSES:
         return "sequential", f"{workload.clients_per_round} clients a round"
     if workload.samples_per_round < MIN_SAMPLES_FOR_PROCESSES:
-        if workload.grouped_obstacle is None \
-                and workload.step_flops <= MAX_STEP_FLOPS_FOR_GROUPED:
+        if workload.groups_well(MAX_STEP_FLOPS_FOR_GROUPED):
             return "grouped", (f"{workload.clients_per_round} clients and "
                                f"{workload.samples_per_round} training samples a round: "
                                f"grouped in this process (workers would not pay); results "
@@ -119,7 +139,7 @@ def auto_kind(device: torch.device, workload: Workload | None) -> tuple[str, str
         return "sequential", f"{workload.samples_per_round} training samples a round"
     why = (f"{workload.cores} cores, {workload.clients_per_round} clients and "
            f"{workload.samples_per_round} training samples a round")
-    if workload.grouped_obstacle is None and workload.step_flops <= MAX_STEP_FLOPS_FOR_GROUPED:
+    if workload.groups_well(MAX_STEP_FLOPS_FOR_GROUPED):
         return "grouped", (f"{why}, local steps of {workload.step_flops / 1e6:.0f} MFLOP; "
                            f"results equal sequential's to float tolerance "
                            f"(run.executor=processes: bit for bit)")
@@ -148,13 +168,14 @@ def workload(run: Mapping[str, Any], train: Mapping[str, Any], model: FlatModel,
     budget = int(run["threads"]) if run.get("threads") else torch.get_num_threads()
     batch = int(train.get("batch_size") or 1)
     grouped = grouped_obstacle(model.module)
-    flops = step_flops(model, tuple(federation.input_shape), batch) if grouped is None \
-        else float("inf")
+    forward = forward_flops(model.module, tuple(federation.input_shape)) if grouped is None \
+        else math.inf
+    parameters = sum(p.numel() for p in model.module.parameters())
     obstacle = process_obstacle(model.module)
     if train.get("optimizer_state") == "kept":   # the clients' optimiser states live here
         obstacle = "train.optimizer_state=kept (each client's optimiser state is in this process)"
     return Workload(k, int(k * per_client), min(usable_cores(), budget), obstacle, grouped,
-                    flops)
+                    TRAINING_PASSES * forward * batch, forward / max(parameters, 1))
 
 
 def forward_flops(module: nn.Module, input_shape: tuple[int, ...]) -> int:
@@ -186,7 +207,7 @@ def forward_flops(module: nn.Module, input_shape: tuple[int, ...]) -> int:
 
 def step_flops(model: FlatModel, input_shape: tuple[int, ...], batch: int) -> float:
     """Training FLOPs of one local step of `batch` samples: 3 forward passes' worth."""
-    return 3.0 * forward_flops(model.module, input_shape) * batch
+    return TRAINING_PASSES * forward_flops(model.module, input_shape) * batch
 
 
 def build_executor(run: Mapping[str, Any], model: FlatModel, federation: Federation, seed: int,
