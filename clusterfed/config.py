@@ -60,7 +60,8 @@ DEFAULTS: dict[str, Any] = {
     },
     # Late clients for any algorithm (algorithms/newcomers.py): out of the federation until
     # round join_round (0-based), when each receives a model and fine-tunes it locally once.
-    "newcomers": {"clients": [], "join_round": None, "finetune": True, "join": "least_loss"},
+    "newcomers": {"clients": [], "join_round": None, "finetune": True, "finetune_rounds": 1,
+                  "join": "least_loss"},
     "compare": {"algorithms": []},
     # `clusterfed sweep`: dotted keys -> value lists (see clusterfed/experiments/sweep.py).
     "sweep": {},
@@ -288,6 +289,10 @@ def _check_newcomers(section: Mapping[str, Any]) -> None:
     if not isinstance(section["finetune"], bool):
         raise ConfigError(f"newcomers.finetune must be true or false, "
                           f"got {section['finetune']!r}")
+    rounds = section["finetune_rounds"]
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+        raise ConfigError(f"newcomers.finetune_rounds must be a whole number >= 1, "
+                          f"got {rounds!r}")
 
 
 def dump(config: Mapping[str, Any]) -> str:

@@ -113,6 +113,47 @@ def test_one_model_or_a_model_a_client_is_served_without_a_choice():
     assert quiet.plan(quiet.init(setup()), ctx(1, np.arange(10))) == []
 
 
+def test_several_finetune_rounds_each_start_where_the_last_ended():
+    # FedAvg-like one model: no loss step; three fine-tuning steps in the arrival round.
+    algo = Newcomers(Stub(1), (8, 9), join_round=1, finetune_rounds=3)
+    state = algo.init(setup())
+    moves = {8: np.full(D, 0.5, np.float32), 9: np.full(D, -1.0, np.float32)}
+    expected = {8: MODELS[0].copy(), 9: MODELS[0].copy()}
+    for step in range(3):
+        tasks = algo.plan(state, ctx(1, np.arange(10), step=step))
+        assert [(t.client, t.kind) for t in tasks] == [(8, TaskKind.TRAIN), (9, TaskKind.TRAIN)]
+        for task in tasks:   # each starts where the newcomer's last training ended
+            np.testing.assert_allclose(task.params, expected[task.client])
+            expected[task.client] = expected[task.client] + moves[task.client]
+        results = [ClientResult(t.client, TaskKind.TRAIN, 20, moves[t.client], 0.1)
+                   for t in tasks]
+        upd = algo.update(state, ctx(1, np.arange(10), step=step), results)
+        assert upd.round_done == (step == 2)
+        assert upd.metrics["newcomers"]["finetune_round"] == step + 1
+        state = upd.state
+    assert state.tuned is None   # nothing of the fine-tuning stays in the state
+    assert state.base.trained.tolist() == [0] * 10
+    # The state between steps survives a checkpoint.
+    mid = algo.update(algo.init(setup()), ctx(1, np.arange(10)),
+                      [ClientResult(8, TaskKind.TRAIN, 20, moves[8], 0.1),
+                       ClientResult(9, TaskKind.TRAIN, 20, moves[9], 0.1)]).state
+    back = st.loads(st.dumps({"state": mid}))["state"]
+    np.testing.assert_allclose(back.tuned, mid.tuned)
+    assert back.tuned_rounds == 1
+
+
+def test_finetune_rounds_run_end_to_end_and_train_the_newcomers_longer(tmp_path):
+    once = run_config(toy_with_newcomers("fedavg"), tmp_path / "once")
+    thrice = run_config(merge(toy_with_newcomers("fedavg"),
+                              {"newcomers": {"finetune_rounds": 3}}), tmp_path / "thrice")
+    for c in (10, 11):
+        # The same model received, trained three times as long.
+        assert once["final"]["cluster_per_client_accuracy"][c] == \
+            thrice["final"]["cluster_per_client_accuracy"][c]
+    assert once["final"]["per_client_accuracy"][:10] == thrice["final"]["per_client_accuracy"][:10]
+    assert once["final"]["per_client_accuracy"][10:] != thrice["final"]["per_client_accuracy"][10:]
+
+
 def test_bad_newcomers_are_refused_with_the_key_named():
     with pytest.raises(ConfigError, match="newcomers.join_round"):
         resolve({"newcomers": {"clients": [1]}})
@@ -124,7 +165,11 @@ def test_bad_newcomers_are_refused_with_the_key_named():
         resolve({"newcomers": {"clients": [1], "join_round": 2, "join": "nearest"}})
     with pytest.raises(ConfigError, match="does not exist"):
         Newcomers(Stub(), (12,), join_round=1).init(setup())
+    with pytest.raises(ConfigError, match="newcomers.finetune_rounds"):
+        resolve({"newcomers": {"clients": [1], "join_round": 2, "finetune_rounds": 0}})
     section = {"clients": [6, 7], "join_round": 2, "finetune": True, "join": "least_loss"}
+    with pytest.raises(ConfigError, match="finetune_rounds must stay 1"):
+        build_algorithm({"name": "pacfl"}, {**section, "finetune_rounds": 2})
     with pytest.raises(ConfigError, match="set twice"):
         build_algorithm({"name": "pacfl", "newcomers": [5], "join_round": 2}, section)
 
@@ -203,3 +248,16 @@ def test_compare_shows_the_newcomers_figures_beside_everyone_s(tmp_path):
         assert news["mean_accuracy"] == pytest.approx(np.mean(per_client[10:]))
         assert row[2] == f"{news['mean_accuracy']:.4f}"
     assert "newcomers" in format_table(rows)
+
+
+def test_a_compare_entry_sets_its_own_newcomers_keys():
+    from clusterfed.experiments.compare import run_config_of
+    config = toy_with_newcomers("fedavg")
+    solo = run_config_of(config, {"name": "local", "newcomers": {"finetune_rounds": 5}})
+    assert solo["newcomers"]["finetune_rounds"] == 5
+    assert solo["newcomers"]["clients"] == [10, 11]   # the rest of the section is the config's
+    assert "newcomers" not in solo["algorithm"]
+    assert run_config_of(config, {"name": "fedavg"})["newcomers"]["finetune_rounds"] == 1
+    # A list stays the algorithm's own option (PACFL's and CFL's late clients).
+    pacfl = run_config_of(config, {"name": "pacfl", "newcomers": [10, 11], "join_round": 14})
+    assert pacfl["algorithm"]["newcomers"] == [10, 11]

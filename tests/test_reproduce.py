@@ -85,6 +85,10 @@ def test_a_cut_off_run_resumes_and_another_config_is_refused(tmp_path: Path, mon
     assert again["final"] == whole["final"]
     with pytest.raises(ConfigError, match="holds a run of another config"):
         rep.reproduce(cfg.merge(small(), {"train": {"lr": 0.2}}), tmp_path)
+    # Newcomers trained otherwise are another run too.
+    late = {"newcomers": {"clients": [0], "join_round": 1, "finetune_rounds": 2}}
+    with pytest.raises(ConfigError, match="holds a run of another config"):
+        rep.reproduce(cfg.merge(small(), late), tmp_path)
 
 
 @pytest.mark.parametrize("section, message", [

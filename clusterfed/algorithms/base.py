@@ -183,6 +183,9 @@ def build_algorithm(section: Mapping[str, Any],
         if options.get("newcomers"):
             raise ConfigError(f"algorithm {name}: newcomers are set twice, in the newcomers "
                               f"section and as algorithm.newcomers; keep one")
+        if newcomers.get("finetune_rounds", 1) != 1:
+            raise ConfigError(f"algorithm {name} fine-tunes its newcomers by its own rule: "
+                              f"newcomers.finetune_rounds must stay 1")
         options.update(newcomers=late, join_round=newcomers["join_round"])
         if "finetune_newcomers" in (accepted_keys(cls) or ()):
             options["finetune_newcomers"] = newcomers["finetune"]
@@ -197,6 +200,7 @@ def build_algorithm(section: Mapping[str, Any],
 
     try:
         return Newcomers(algorithm, tuple(int(c) for c in late), int(newcomers["join_round"]),
-                         bool(newcomers["finetune"]), str(newcomers["join"]))
+                         bool(newcomers["finetune"]), str(newcomers["join"]),
+                         int(newcomers.get("finetune_rounds", 1)))
     except ValueError as err:
         raise ConfigError(f"newcomers: {err}") from err

@@ -3,9 +3,12 @@
 PACFL's Table 3 protocol (pacfl.md 2.6), for the methods that have no arrival rule of their
 own: the listed clients are never trained before `join_round` (each round's sample skips them,
 as PACFL's own newcomers); in round `join_round` (0-based) each one receives a model and, with
-`finetune`, trains it locally once (Alg. 3 line 6; nothing goes back to the server). That round
-is the newcomers' alone: the federation does not train in it, and after it the newcomers stay
-out of the federation (the table's clients are unseen), so a run normally ends there.
+`finetune`, trains it locally once (Alg. 3 line 6; nothing goes back to the server), or
+`finetune_rounds` times in a row, each a round's local training from where the last ended with
+a fresh optimiser (the authors' SOLO trains its unseen clients 5 such times: rounds=5 in
+unseen_clients/solo.sh). That round is the newcomers' alone: the federation does not train in
+it, and after it the newcomers stay out of the federation (the table's clients are unseen), so
+a run normally ends there.
 
 Which model a newcomer receives (`join`):
 - "least_loss" (default): the model of least loss on the newcomer's training data among the
@@ -45,6 +48,10 @@ class NewcomersState:
     # Per newcomer (in `clients` order): the index into the base view's models it was given
     # by "least_loss", NOT_JOINED before arrival or where the base serves it.
     given: np.ndarray
+    # Between the fine-tuning steps of the arrival round (finetune_rounds > 1): each newcomer's
+    # model so far, in `clients` order; None otherwise.
+    tuned: np.ndarray | None = None
+    tuned_rounds: int = 0
 
 
 def newcomer_ids(config: Mapping[str, Any]) -> list[int]:
@@ -74,6 +81,7 @@ class Newcomers:
     join_round: int
     finetune: bool = True
     join: str = "least_loss"
+    finetune_rounds: int = 1
     late: frozenset[int] = field(init=False, repr=False, default=frozenset())
 
     def __post_init__(self) -> None:
@@ -81,6 +89,8 @@ class Newcomers:
             raise ValueError(f"join must be one of {', '.join(JOIN_RULES)}, got {self.join!r}")
         if not self.clients or self.join_round < 1:
             raise ValueError("newcomers need at least one client and a join_round >= 1")
+        if self.finetune_rounds < 1:
+            raise ValueError(f"finetune_rounds must be at least 1, got {self.finetune_rounds}")
         object.__setattr__(self, "late", frozenset(self.clients))
 
     def __getattr__(self, name: str) -> Any:
@@ -125,9 +135,17 @@ class Newcomers:
                                meta={"newcomer": 1}) for c in self.clients]
         if not self.finetune:
             return []
+        starts = self._starts(state)
+        return [ClientTask(c, TaskKind.TRAIN, starts[i], ctx.train,
+                           {"newcomer": 1, "finetune": 1}) for i, c in enumerate(self.clients)]
+
+    def _starts(self, state: NewcomersState) -> list[np.ndarray]:
+        """Where each newcomer's next fine-tuning starts: the model it was given, then where its
+        last fine-tuning ended."""
+        if state.tuned is not None:
+            return list(state.tuned)
         served = self.clusters(state)
-        return [ClientTask(c, TaskKind.TRAIN, served.models[served.assignment[c]], ctx.train,
-                           {"newcomer": 1, "finetune": 1}) for c in self.clients]
+        return [served.models[served.assignment[c]] for c in self.clients]
 
     def update(self, state: NewcomersState, ctx: RoundContext,
                results: Sequence[ClientResult]) -> Update:
@@ -148,10 +166,20 @@ class Newcomers:
             return Update(replace(state, given=given),
                           {"newcomers": {"joined": int(np.sum(given != NOT_JOINED))}},
                           [event], round_done=not self.finetune)
-        finetuned = sum(1 for r in results if r.kind is TaskKind.TRAIN)
+        trained = {r.client: r for r in results if r.kind is TaskKind.TRAIN}
         events = [] if ctx.step else [{"type": "newcomers", "rule": "served",
                                        "clients": list(self.clients)}]
-        return Update(state, {"newcomers": {"finetuned": finetuned}}, events)
+        done = 1 if state.tuned is None else int(state.tuned_rounds) + 1
+        metrics = {"newcomers": {"finetuned": len(trained), "finetune_round": done}}
+        if done >= self.finetune_rounds:
+            return Update(replace(state, tuned=None, tuned_rounds=0), metrics, events)
+        starts = self._starts(state)
+        # A newcomer whose training failed keeps its start (the runtime drops non-finite results).
+        tuned = np.stack([starts[i] + trained[c].update if c in trained
+                          and trained[c].update is not None else starts[i]
+                          for i, c in enumerate(self.clients)])
+        return Update(replace(state, tuned=tuned, tuned_rounds=done), metrics, events,
+                      round_done=False)
 
     def clusters(self, state: NewcomersState) -> ClusterView:
         view = self.base.clusters(state.base)

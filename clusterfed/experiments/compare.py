@@ -36,18 +36,26 @@ def algorithm_sections(config: Mapping[str, Any], names: Sequence[str] | None
     return sections
 
 
+# Sections a compare entry may override for its run alone.
+ENTRY_SECTIONS = ("eval", "newcomers")
+
+
 def run_config_of(config: Mapping[str, Any], section: Mapping[str, Any]) -> dict[str, Any]:
     """The config of one entry's run: `config` with the entry's algorithm section and, where
-    the entry has an `eval` mapping, those eval keys over the config's. So a comparison tests
-    each method by its own paper's protocol (`eval: {protocol: mixture}` on FedEM beside
-    methods that serve one model a client); the entry's run folder records what it used."""
+    the entry has an `eval` or a `newcomers` mapping, those keys over the config's. So a
+    comparison tests each method by its own paper's protocol (`eval: {protocol: mixture}` on
+    FedEM beside methods that serve one model a client; `newcomers: {finetune_rounds: 5}` on
+    the SOLO of PACFL's Table 3); the entry's run folder records what it used."""
     algorithm = dict(section)
-    own_eval = algorithm.pop("eval", None)
-    if own_eval is not None and not isinstance(own_eval, Mapping):
-        raise ConfigError(f"compare entry {algorithm.get('name')!r}: eval must be a mapping "
-                          f"of eval keys, got {own_eval!r}")
+    # A list under `newcomers` is PACFL's and CFL's own option (the late clients' ids).
+    own = {name: algorithm.pop(name) for name in ENTRY_SECTIONS if name in algorithm
+           and (name == "eval" or isinstance(algorithm[name], Mapping))}
+    for name, keys in own.items():
+        if not isinstance(keys, Mapping):
+            raise ConfigError(f"compare entry {algorithm.get('name')!r}: {name} must be a "
+                              f"mapping of {name} keys, got {keys!r}")
     run_cfg = cfg.merge(dict(config), {"algorithm": algorithm,
-                                       **({"eval": dict(own_eval)} if own_eval else {})})
+                                       **{name: dict(keys) for name, keys in own.items()}})
     cfg.validate(run_cfg)
     return run_cfg
 

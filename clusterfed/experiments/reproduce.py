@@ -98,7 +98,7 @@ def runs_of(config: Mapping[str, Any], names: Sequence[str] | None = None
 
 
 # What makes two runs the same run: a folder holding another one is refused, not reused.
-IDENTITY = ("seed", "data", "scenario", "model", "train", "algorithm")
+IDENTITY = ("seed", "data", "scenario", "model", "train", "algorithm", "newcomers")
 
 
 def _run_one(config: Mapping[str, Any], folder: Path, federation: Any,
