@@ -61,3 +61,18 @@ def test_table_3_gap_is_fine_tuning_against_a_model_as_received(shared_data: Pat
     fedavg = result["summaries"]["fedavg"]["final"]["newcomers"]
     assert fedavg["mean_accuracy"] >= pacfl["mean_accuracy"] - 0.02
     assert fedavg["cluster_mean_accuracy"] <= pacfl["mean_accuracy"] - 0.20
+
+
+def test_table_3_solo_newcomers_trained_as_the_authors_solo_beat_one_round(shared_data: Path,
+                                                                           tmp_path: Path):
+    """Table 3, FMNIST, SOLO: newcomers trained 5 rounds from a fresh model (the authors'
+    unseen_clients/solo.sh, the preset's `newcomers: {finetune_rounds: 5}`) score >= 3 points
+    above one round (measured at this scale: 84.80 against 57.66; at the paper's scale, seeds
+    0-2: 93.99 against 88.01, the paper 95.13; docs/reproductions/pacfl.md)."""
+    config = cfg.resolve("pacfl-newcomers-small", ["run.progress=false", "run.threads=1"])
+    solo = {"name": "local", "clients": "sampled"}
+    config = cfg.merge(config, {"compare": {"algorithms": [
+        {**solo, "label": "one"}, {**solo, "label": "five", "newcomers": {"finetune_rounds": 5}}]}})
+    runs = compare(config, tmp_path, None, data_dir=str(shared_data))["summaries"]
+    one, five = (runs[k]["final"]["newcomers"]["mean_accuracy"] for k in ("one", "five"))
+    assert five >= one + 0.03, (one, five)
