@@ -299,3 +299,26 @@ def test_pairings_cut_every_pairing_from_one_run_and_train_only_distinct_partiti
     table = (tmp_path / "table.md").read_text()
     assert "| FedAvg |" in table
     assert "acc r3 |" in table and "r50" not in table   # the run's own last round, named
+    # The toy's 4 label-swap groups: every pairing's best cut is scored and, where trained, read.
+    assert len(result["best_cuts"]) == 10 and "Any cut of each tree" in table
+    assert all(c["r50"]["mean_accuracy"] is not None for c in result["best_cuts"]
+               if tuple(c["labels"]) in {tuple(p) for p in result["partitions"]})
+
+
+def test_best_cuts_find_the_truth_in_each_tree_and_the_taus_that_cut_there():
+    from clusterfed.algorithms.flhc import pairings as fp
+
+    # Two groups on a line: average linkage merges at 0.1, 0.2, 0.25, 0.5, then 46.2 / 9 (the
+    # mean of the nine cross distances), so 2 clusters for taus from 0.5 / 0.25 = 2 up to
+    # (46.2 / 9) / 0.25 (x the median merge height 0.25).
+    x = np.array([0.0, 0.1, 0.3, 5.0, 5.2, 5.6])
+    condensed = np.abs(x[:, None] - x[None, :])[np.triu_indices(6, 1)]
+    distances = {m: condensed for m in ("cosine", "l2", "l1")}
+    cuts = fp.best_cuts(distances, np.array([0, 0, 0, 1, 1, 1]))
+    assert all(c["ari"] == pytest.approx(1.0) and c["n_clusters"] == 2 for c in cuts)
+    average = next(c for c in cuts if (c["metric"], c["linkage"]) == ("l2", "average"))
+    np.testing.assert_allclose(average["tau_range"], [2.0, 46.2 / 9 / 0.25])
+    # A truth no cut of the tree matches: the best is one cluster (ARI 0), above every merge.
+    alternating = fp.best_cuts(distances, np.array([0, 1, 0, 1, 0, 1]))
+    assert all(c["n_clusters"] == 1 and c["ari"] == pytest.approx(0.0) for c in alternating)
+    assert all(c["tau_range"][1] == np.inf for c in alternating)

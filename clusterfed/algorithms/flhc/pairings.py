@@ -52,6 +52,34 @@ def cut_all(distances: Mapping[str, Sequence[float]], taus: Sequence[float] = ME
     return rows
 
 
+def best_cuts(distances: Mapping[str, Sequence[float]], truth: np.ndarray,
+              k_max: int = 10) -> list[dict[str, Any]]:
+    """Per pairing, the cut of its tree into 1..k_max clusters that best matches `truth` (ARI)
+    and the taus, as multiples of the median merge height, that make that cut: whether any tau
+    could have found the truth, whatever grid of taus is tried."""
+    out = []
+    for metric, linkage in PAIRINGS:
+        condensed = np.asarray(distances[metric], dtype=np.float64)
+        best: dict[str, Any] | None = None
+        for k in range(1, k_max + 1):
+            tree = hc.cluster_condensed(condensed, linkage, float(k), "clusters")
+            ari = float(clustering_scores(truth, tree.labels)["ari"])
+            if best is None or ari > best["ari"] + 1e-12:
+                heights = np.sort(tree.heights)
+                n = len(heights) + 1
+                clusters = int(tree.num_clusters)
+                # k clusters: above the (n - k)-th merge, below the next one.
+                low = heights[n - clusters - 1] if clusters < n else 0.0
+                high = heights[n - clusters] if clusters > 1 else float("inf")
+                median = float(np.median(heights))
+                best = {"metric": metric, "linkage": linkage, "n_clusters": clusters,
+                        "ari": ari, "labels": first_appearance_labels(tree.labels).tolist(),
+                        "tau_range": [float(low / median), float(high / median)]}
+        assert best is not None
+        out.append(best)
+    return out
+
+
 def distinct_partitions(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, ...]]:
     """The different partitions among the rows, in order of first appearance."""
     seen: dict[tuple[int, ...], None] = {}
@@ -115,6 +143,19 @@ def markdown(result: Mapping[str, Any]) -> str:
                          f"{_pct(base['r50']['mean_accuracy'])} | "
                          f"{_pct(base['post-cluster']['clients_at_target'])} | "
                          f"{_pct(base['r50']['clients_at_target'])} |")
+    cuts = result.get("best_cuts")
+    if cuts:
+        last = f"r{result.get('columns', {}).get('r50', 50)}"
+        lines += ["", "Any cut of each tree: the number of clusters (up to 10) whose cut best "
+                  "matches the truth, and the taus (x the median merge height) that make it; "
+                  "accuracy where that partition was trained.", "",
+                  f"| metric | linkage | clusters | ARI | taus (x median) | acc {last} |",
+                  "| --- | --- | ---: | ---: | --- | ---: |"]
+        for c in cuts:
+            low, high = c["tau_range"]
+            acc = _pct(c["r50"]["mean_accuracy"]) if c.get("r50") else "-"
+            lines.append(f"| {c['metric']} | {c['linkage']} | {c['n_clusters']} | "
+                         f"{c['ari']:.3f} | {low:.3g} to {high:.3g} | {acc} |")
     return "\n".join(lines)
 
 
@@ -163,6 +204,13 @@ def run_pairings(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: st
                               "preset_cut": {"metric": event["metric"],
                                              "linkage": event["linkage"],
                                              "labels": list(probe_labels)}}
+    if has_truth(truth):
+        cuts = best_cuts(event["distances"], np.asarray(truth))
+        for cut in cuts:
+            got = records.get(tuple(cut["labels"]))
+            if got is not None:
+                cut["r50"] = figures_at(got, columns["r50"])
+        result["best_cuts"] = cuts
     if baseline:
         base_cfg = cfg.resolve(cfg.merge(config, {"algorithm": {"name": "fedavg"}}))
         _run_one(base_cfg, out / "baseline", federation, data_dir)
