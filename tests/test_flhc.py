@@ -303,6 +303,15 @@ def test_pairings_cut_every_pairing_from_one_run_and_train_only_distinct_partiti
     assert len(result["best_cuts"]) == 10 and "Any cut of each tree" in table
     assert all(c["r50"]["mean_accuracy"] is not None for c in result["best_cuts"]
                if tuple(c["labels"]) in {tuple(p) for p in result["partitions"]})
+    # --finished reads back what has finished and trains nothing: a partition cut off (no
+    # summary) loses its figures and stays untrained.
+    cut_off = tmp_path / "partitions" / trained[0]
+    (cut_off / "summary.json").unlink()
+    partial = fp.run_pairings(config, tmp_path, taus=(2.0, 4.0), mode="clusters",
+                              finished_only=True)
+    assert not (cut_off / "summary.json").exists()
+    missing = [r for r in partial["rows"] if "r50" not in r]
+    assert missing and len(missing) < len(partial["rows"])
 
 
 def test_best_cuts_find_the_truth_in_each_tree_and_the_taus_that_cut_there():

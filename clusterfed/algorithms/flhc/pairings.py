@@ -25,6 +25,7 @@ from clusterfed import config as cfg
 from clusterfed.clustering import hierarchical as hc
 from clusterfed.clustering.metrics import clustering_scores, has_truth
 from clusterfed.clustering.precomputed import first_appearance_labels
+from clusterfed.errors import ConfigError
 from clusterfed.experiments.reproduce import _run_one
 from clusterfed.experiments.sweep import figures_at, round_of
 from clusterfed.run_folder import read_jsonl
@@ -162,8 +163,10 @@ def markdown(result: Mapping[str, Any]) -> str:
 
 def run_pairings(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: str | None = None,
                  train: bool = False, baseline: bool = False,
-                 taus: Sequence[float] = MEDIAN_TAUS, mode: str = "median") -> dict[str, Any]:
-    """The probe run, every pairing's cut, and (with `train`) each distinct partition's run."""
+                 taus: Sequence[float] = MEDIAN_TAUS, mode: str = "median",
+                 finished_only: bool = False) -> dict[str, Any]:
+    """The probe run, every pairing's cut, and (with `train`) each distinct partition's run.
+    `finished_only`: run nothing, read back the runs finished so far (the probe must be)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = cfg.resolve(config)
@@ -171,6 +174,8 @@ def run_pairings(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: st
         raise ValueError("flhc_pairings runs an FL+HC preset (algorithm.name: flhc)")
     federation = build_federation_for(config, data_dir)
     probe_cfg = cfg.resolve(cfg.merge(config, {"algorithm": {"record_distances": True}}))
+    if finished_only and not (out / "probe" / "summary.json").exists():
+        raise ConfigError(f"{out / 'probe'} has not finished: nothing to read back")
     _run_one(probe_cfg, out / "probe", federation, data_dir)
     event = clustering_event(out / "probe")
     truth = federation.true_clusters
@@ -184,12 +189,14 @@ def run_pairings(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: st
     records: dict[tuple[int, ...], list[dict[str, Any]]] = {}
     probe_labels = tuple(first_appearance_labels(np.asarray(event["labels"])).tolist())
     records[probe_labels] = read_jsonl(out / "probe" / "metrics.jsonl")
-    if train:
+    if train or finished_only:
         for i, labels in enumerate(partitions):
             if labels in records:
                 continue
             run_cfg = cfg.resolve(cfg.merge(config, {"algorithm": {"partition": list(labels)}}))
             folder = out / "partitions" / f"{i:03d}"
+            if finished_only and not (folder / "summary.json").exists():
+                continue
             print(f"partition {i + 1}/{len(partitions)}: {max(labels) + 1} clusters -> {folder}",
                   flush=True)
             _run_one(run_cfg, folder, federation, data_dir)
@@ -212,7 +219,7 @@ def run_pairings(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: st
             if got is not None:
                 cut["r50"] = figures_at(got, columns["r50"])
         result["best_cuts"] = cuts
-    if baseline:
+    if baseline and not (finished_only and not (out / "baseline" / "summary.json").exists()):
         base_cfg = cfg.resolve(cfg.merge(config, {"algorithm": {"name": "fedavg"}}))
         _run_one(base_cfg, out / "baseline", federation, data_dir)
         base = read_jsonl(out / "baseline" / "metrics.jsonl")
@@ -231,10 +238,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--train", action="store_true",
                         help="also run every distinct partition to the last round")
     parser.add_argument("--baseline", action="store_true", help="also run FedAvg")
+    parser.add_argument("--finished", action="store_true",
+                        help="run nothing: the tables of the runs finished so far")
     args = parser.parse_args(argv)
     config = cfg.resolve(args.source, args.overrides)
     result = run_pairings(config, args.out, data_dir=args.data_dir, train=args.train,
-                          baseline=args.baseline)
+                          baseline=args.baseline, finished_only=args.finished)
     print(markdown(result))
 
 
