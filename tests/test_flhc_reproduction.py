@@ -44,3 +44,20 @@ def test_iid_clients_stay_together_after_ten_rounds_but_split_after_one(shared_d
 
     assert clusters(10, 20) == 1
     assert clusters(1, 100) > 1
+
+
+def test_table_v_single_linkage_chains_where_cosine_and_ward_separate(shared_data, tmp_path):
+    """Table V's pairings from one clustering round (flhc-mnist-labelswap-small, seed 0, 11
+    rounds): some cut of every cosine tree and of L2 / Ward recovers the 4 groups exactly,
+    while no cut of single linkage under L2 or L1 comes near them (at this scale best ARI 0.676
+    and 0; at the paper's, seed 0: 0 and 0, docs/reproductions/flhc.md "Tables IV/V")."""
+    from clusterfed.algorithms.flhc import pairings as fp
+
+    config = cfg.resolve("flhc-mnist-labelswap-small", [
+        f"data.root={shared_data}", "run.progress=false", "run.threads=1", "train.rounds=11"])
+    result = fp.run_pairings(config, tmp_path)
+    best = {(c["metric"], c["linkage"]): c["ari"] for c in result["best_cuts"]}
+    for linkage in ("average", "complete", "single"):
+        assert best["cosine", linkage] == pytest.approx(1.0), best
+    assert best["l2", "ward"] == pytest.approx(1.0), best
+    assert best["l2", "single"] <= 0.7 and best["l1", "single"] <= 0.7, best
