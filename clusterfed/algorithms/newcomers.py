@@ -169,7 +169,7 @@ class Newcomers:
         trained = {r.client: r for r in results if r.kind is TaskKind.TRAIN}
         events = [] if ctx.step else [{"type": "newcomers", "rule": "served",
                                        "clients": list(self.clients)}]
-        done = 1 if state.tuned is None else int(state.tuned_rounds) + 1
+        done = state.tuned_rounds + 1
         metrics = {"newcomers": {"finetuned": len(trained), "finetune_round": done}}
         if done >= self.finetune_rounds:
             return Update(replace(state, tuned=None, tuned_rounds=0), metrics, events)

@@ -170,12 +170,11 @@ def workload(run: Mapping[str, Any], train: Mapping[str, Any], model: FlatModel,
     grouped = grouped_obstacle(model.module)
     forward = forward_flops(model.module, tuple(federation.input_shape)) if grouped is None \
         else math.inf
-    parameters = sum(p.numel() for p in model.module.parameters())
     obstacle = process_obstacle(model.module)
     if train.get("optimizer_state") == "kept":   # the clients' optimiser states live here
         obstacle = "train.optimizer_state=kept (each client's optimiser state is in this process)"
     return Workload(k, int(k * per_client), min(usable_cores(), budget), obstacle, grouped,
-                    TRAINING_PASSES * forward * batch, forward / max(parameters, 1))
+                    TRAINING_PASSES * forward * batch, forward / max(model.size, 1))
 
 
 def forward_flops(module: nn.Module, input_shape: tuple[int, ...]) -> int:
