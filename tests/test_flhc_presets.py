@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from helpers import cli, tiny_config
 from clusterfed import config as cfg
 from clusterfed.algorithms import build_algorithm
 from clusterfed.algorithms.flhc.report import comparison_rows, ratio
+from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import compare
 from clusterfed.experiments.sweep import (
     format_sweep_table,
@@ -121,6 +123,29 @@ def test_sweep_runs_every_point_once_and_tabulates_ratios_to_a_shared_baseline(t
     table = (tmp_path / "sweep" / "table.md").read_text()
     assert table.startswith("| dist | linkage | threshold | test acc post-cluster")
     assert table.count("\n| cosine | average |") == 2 and "x)" in table
+
+
+def test_a_rerun_sweep_reads_finished_runs_back_and_runs_only_what_is_missing(tmp_path,
+                                                                            monkeypatch):
+    import clusterfed.experiments.resumable as resumable
+
+    first = run_sweep(sweep_config(), tmp_path / "sweep")
+    ran: list[str] = []
+    real = resumable.run_config
+
+    def counted(config, folder, **kw):
+        ran.append(Path(folder).relative_to(tmp_path / "sweep").as_posix())
+        return real(config, folder, **kw)
+
+    monkeypatch.setattr(resumable, "run_config", counted)
+    (tmp_path / "sweep" / "points" / "001" / "summary.json").unlink()   # cut off
+    again = run_sweep(sweep_config(), tmp_path / "sweep")
+    assert ran == ["points/001"]
+    assert again["rows"] == first["rows"]
+    # Another evaluation would read other rounds: the folder is refused, not reused.
+    other = cfg.merge(sweep_config(), {"eval": {"target_accuracy": 0.9}})
+    with pytest.raises(ConfigError, match="another config .*eval"):
+        run_sweep(other, tmp_path / "sweep")
 
 
 def test_best_over_keeps_the_best_point_per_group():

@@ -12,6 +12,7 @@ from helpers import cli, tiny_config
 from clusterfed import config as cfg
 from clusterfed.errors import ConfigError
 from clusterfed.experiments import reproduce as rep
+from clusterfed.experiments import resumable
 
 
 def test_verdict_compares_error_bars_by_hand():
@@ -44,7 +45,7 @@ def test_runs_every_seed_and_tabulates_mean_and_std(tmp_path: Path, monkeypatch)
     text = (tmp_path / "reproduce.md").read_text()
     assert "| fedavg | 50.00 ± 5.00 (own) |" in text
     # Rerun: every finished run is read back, none trained again.
-    monkeypatch.setattr(rep, "run_config", lambda *a, **k: pytest.fail("ran again"))
+    monkeypatch.setattr(resumable, "run_config", lambda *a, **k: pytest.fail("ran again"))
     lines: list[str] = []
     again = rep.reproduce(small(), tmp_path, progress=lines.append)
     assert rep.markdown(again) == rep.markdown(result)
@@ -77,8 +78,8 @@ def test_a_cut_off_run_resumes_and_another_config_is_refused(tmp_path: Path, mon
     whole = json.loads((folder / "summary.json").read_text())
     (folder / "summary.json").unlink()         # cut off after its last checkpoint
     resumed = []
-    real = rep.resume_run
-    monkeypatch.setattr(rep, "resume_run", lambda f, **k: resumed.append(f) or real(f, **k))
+    real = resumable.resume_run
+    monkeypatch.setattr(resumable, "resume_run", lambda f, **k: resumed.append(f) or real(f, **k))
     rep.reproduce(small(), tmp_path)
     assert resumed == [folder]
     again = json.loads((folder / "summary.json").read_text())
@@ -134,7 +135,7 @@ def test_finished_tabulates_the_finished_runs_and_runs_nothing(capsys, tmp_path:
     code, _, err = cli(capsys, "reproduce", str(path), "--seeds", "1", "--algorithms",
                        "local", "--out", str(tmp_path / "r"))
     assert code == 0, err
-    monkeypatch.setattr(rep, "run_config", lambda *a, **k: pytest.fail("ran"))
+    monkeypatch.setattr(resumable, "run_config", lambda *a, **k: pytest.fail("ran"))
     monkeypatch.setattr(rep, "build_federation_for", lambda *a, **k: pytest.fail("built"))
     code, out, err = cli(capsys, "reproduce", str(path), "--seeds", "0,1,2", "--out",
                          str(tmp_path / "r"), "--finished")

@@ -34,8 +34,8 @@ import numpy as np
 from clusterfed import config as cfg
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import algorithm_sections, run_config_of
-from clusterfed.run_folder import read_config
-from clusterfed.sim.simulation import build_federation_for, resume_run, run_config
+from clusterfed.experiments.resumable import run_or_resume
+from clusterfed.sim.simulation import build_federation_for
 
 REPRODUCE_KEYS = {"seeds", "algorithms", "paper", "paper_protocol"}
 PROTOCOLS = ("own", "cluster")
@@ -97,33 +97,6 @@ def runs_of(config: Mapping[str, Any], names: Sequence[str] | None = None
     return [(str(s.pop("label", s["name"])), s) for s in sections]
 
 
-# What makes two runs the same run: a folder holding another one is refused, not reused.
-IDENTITY = ("seed", "data", "scenario", "model", "train", "algorithm", "newcomers")
-
-
-def _run_one(config: Mapping[str, Any], folder: Path, federation: Any,
-             data_dir: str | None) -> dict[str, Any]:
-    """A finished run's summary, a cut-off one resumed, or a new run."""
-    if (folder / "config.yaml").exists():
-        held = read_config(folder)
-        differs = [k for k in IDENTITY if held.get(k) != config.get(k)
-                   and not (k == "data" and _same_data(held[k], config[k]))]
-        if differs:
-            raise ConfigError(f"{folder} holds a run of another config ({', '.join(differs)} "
-                              f"differ): choose another --out")
-    if (folder / "summary.json").exists():
-        return json.loads((folder / "summary.json").read_text())
-    if (folder / "checkpoint.npz").exists():
-        return resume_run(folder, data_dir=data_dir)
-    return run_config(config, folder, federation=federation)
-
-
-def _same_data(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """The data section up to where the files are read from."""
-    return {k: v for k, v in a.items() if k != "root"} == {
-        k: v for k, v in b.items() if k != "root"}
-
-
 def figures(summary: Mapping[str, Any]) -> dict[str, float]:
     """A run's figures; a run with newcomers is scored on them alone (PACFL's Table 3)."""
     final = summary["final"]
@@ -167,7 +140,7 @@ def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
             protocols[label] = str(run_cfg["eval"]["protocol"])
             if finished_only and not (folder / "summary.json").exists():
                 continue
-            summary = _run_one(run_cfg, folder, federation, data_dir)
+            summary = run_or_resume(run_cfg, folder, federation, data_dir)
             measured[label].append(figures(summary))
             seeds_of[label].append(int(seed))
             if progress is not None:

@@ -23,22 +23,32 @@ The table reports, per point and per column round, the mean client accuracy and 
 eval.target_accuracy) the share of clients at the target, each with "(ratio x)" to the
 baseline, "(-)" where the baseline's figure is 0 (the layout of FL+HC's Tables I-VI).
 `best_over` selects on the test metric, as the FL+HC paper did: say so where it is used.
+
+Rerunning a sweep into the same folder reads its finished runs back and resumes a cut-off one
+from its checkpoint; a folder holding another config (evaluation included: the table reads
+its rounds) is refused.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from clusterfed import config as cfg
 from clusterfed.errors import ConfigError
+from clusterfed.experiments.resumable import IDENTITY, run_or_resume
 from clusterfed.run_folder import read_jsonl
-from clusterfed.sim.simulation import build_federation_for, run_config
+from clusterfed.sim.simulation import build_federation_for
+
+log = logging.getLogger("clusterfed")
 
 SWEEP_KEYS = {"grid", "cases", "baseline", "rounds", "labels", "best_over"}
+# A point's run is read back only if it evaluated the same rounds the same way.
+SWEEP_IDENTITY = (*IDENTITY, "eval")
 
 
 def patch_of(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -138,7 +148,9 @@ def run_sweep(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: str |
         if fed_key not in federations:   # points on the same federation build it once
             federations[fed_key] = build_federation_for(run_cfg, data_dir)
         federation = federations[fed_key]
-        run_config(run_cfg, out / row["run"], federation=federation)
+        log.info("sweep point %d of %d: %s", i + 1, len(points),
+                 " ".join(f"{k}={v}" for k, v in values.items()))
+        run_or_resume(run_cfg, out / row["run"], federation, data_dir, SWEEP_IDENTITY)
         records = read_jsonl(out / row["run"] / "metrics.jsonl")
         base_records = None
         if baseline_patch:
@@ -146,7 +158,7 @@ def run_sweep(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: str |
             key = cfg.dump(base_cfg)
             if key not in baselines:
                 folder = f"baselines/{len(baselines):03d}"
-                run_config(base_cfg, out / folder, federation=federation)
+                run_or_resume(base_cfg, out / folder, federation, data_dir, SWEEP_IDENTITY)
                 baselines[key] = {"run": folder,
                                   "records": read_jsonl(out / folder / "metrics.jsonl")}
             row["baseline"] = baselines[key]["run"]

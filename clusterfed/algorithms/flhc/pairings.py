@@ -26,7 +26,7 @@ from clusterfed.clustering import hierarchical as hc
 from clusterfed.clustering.metrics import clustering_scores, has_truth
 from clusterfed.clustering.precomputed import first_appearance_labels
 from clusterfed.errors import ConfigError
-from clusterfed.experiments.reproduce import _run_one
+from clusterfed.experiments.resumable import run_or_resume
 from clusterfed.experiments.sweep import figures_at, round_of
 from clusterfed.run_folder import read_jsonl
 from clusterfed.sim.simulation import build_federation_for
@@ -176,7 +176,7 @@ def run_pairings(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: st
     probe_cfg = cfg.resolve(cfg.merge(config, {"algorithm": {"record_distances": True}}))
     if finished_only and not (out / "probe" / "summary.json").exists():
         raise ConfigError(f"{out / 'probe'} has not finished: nothing to read back")
-    _run_one(probe_cfg, out / "probe", federation, data_dir)
+    run_or_resume(probe_cfg, out / "probe", federation, data_dir)
     event = clustering_event(out / "probe")
     truth = federation.true_clusters
     rows = cut_all(event["distances"], taus, mode)
@@ -199,7 +199,7 @@ def run_pairings(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: st
                 continue
             print(f"partition {i + 1}/{len(partitions)}: {max(labels) + 1} clusters -> {folder}",
                   flush=True)
-            _run_one(run_cfg, folder, federation, data_dir)
+            run_or_resume(run_cfg, folder, federation, data_dir)
             records[labels] = read_jsonl(folder / "metrics.jsonl")
     for row in rows:
         got = records.get(tuple(row["labels"]))
@@ -221,7 +221,7 @@ def run_pairings(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: st
         result["best_cuts"] = cuts
     if baseline and not (finished_only and not (out / "baseline" / "summary.json").exists()):
         base_cfg = cfg.resolve(cfg.merge(config, {"algorithm": {"name": "fedavg"}}))
-        _run_one(base_cfg, out / "baseline", federation, data_dir)
+        run_or_resume(base_cfg, out / "baseline", federation, data_dir)
         base = read_jsonl(out / "baseline" / "metrics.jsonl")
         result["baseline"] = {label: figures_at(base, rnd) for label, rnd in columns.items()}
     (out / "pairings.json").write_text(json.dumps(result, indent=1) + "\n")
