@@ -1,4 +1,9 @@
-"""`compare`: one configuration, several algorithms, one table."""
+"""`compare`: one configuration, several algorithms, one table.
+
+Rerunning a comparison into the same folder reads its finished runs back and resumes a cut-off
+one from its checkpoint (a folder holding another config is refused); remove the folder to
+start over.
+"""
 
 from __future__ import annotations
 
@@ -64,7 +69,8 @@ def compare(config: Mapping[str, Any], out_dir: str | Path, names: Sequence[str]
             *, data_dir: str | None = None) -> dict[str, Any]:
     """Run each algorithm on the same federation (built once); write comparison.json."""
     # Here, not at the top: the report reads comparisons without importing the simulator.
-    from clusterfed.sim.simulation import build_federation_for, run_config
+    from clusterfed.experiments.resumable import IDENTITY, run_or_resume
+    from clusterfed.sim.simulation import build_federation_for
 
     out = Path(out_dir)
     sections = algorithm_sections(config, names)
@@ -76,7 +82,9 @@ def compare(config: Mapping[str, Any], out_dir: str | Path, names: Sequence[str]
     summaries = {}
     run_cfgs = [run_config_of(config, s) for s in sections]   # every entry checked first
     for label, run_cfg in zip(labels, run_cfgs, strict=True):
-        summaries[label] = run_config(run_cfg, out / label, federation=federation)
+        # Evaluation is part of a compared run: the table sets its figures side by side.
+        summaries[label] = run_or_resume(run_cfg, out / label, federation, data_dir,
+                                         (*IDENTITY, "eval"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(cfg.dump(config))
     comparison = {"algorithms": labels, "summaries": summaries}
