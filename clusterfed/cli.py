@@ -109,13 +109,16 @@ def compare(source: str, overrides: tuple[str, ...], algorithms: str | None, out
 @main.command()
 @click.argument("source")
 @click.argument("overrides", nargs=-1)
-@click.option("--out", help="Sweep folder (default runs/NAME-sweep-TIME).")
+@click.option("--out", help="Sweep folder (default runs/NAME-sweep-TIME); rerunning into it "
+              "keeps finished runs and resumes cut-off ones.")
 @click.option("--data-dir", help="Data root (default $CLUSTERFED_DATA or the user cache).")
 @click.option("--list", "list_only", is_flag=True, help="Print the grid's points; run nothing.")
+@click.option("--finished", "finished_only", is_flag=True,
+              help="Run nothing: tabulate the points finished so far in --out.")
 def sweep(source: str, overrides: tuple[str, ...], out: str | None, data_dir: str | None,
-          list_only: bool) -> None:
+          list_only: bool, finished_only: bool) -> None:
     """Run one config per point of its `sweep` grid and tabulate them (the overrides apply to
-    every point)."""
+    every point). Rerun into the same --out, a sweep continues where it was cut off."""
     from clusterfed.experiments.sweep import format_sweep_table, point_configs, run_sweep
 
     name, config = _resolve(source, overrides, data_dir)
@@ -124,8 +127,10 @@ def sweep(source: str, overrides: tuple[str, ...], out: str | None, data_dir: st
         for i, (values, _) in enumerate(points):
             click.echo(f"{i:03d} " + " ".join(f"{k}={v}" for k, v in values.items()))
         return
+    if finished_only and out is None:
+        raise click.UsageError("--finished reads a sweep folder: give its --out")
     folder = _out_dir(out, name, "sweep")
-    result = run_sweep(config, folder)
+    result = run_sweep(config, folder, finished_only=finished_only)
     click.echo(format_sweep_table(result))
     click.echo(f"table: {folder / 'table.md'}")
 

@@ -148,6 +148,27 @@ def test_a_rerun_sweep_reads_finished_runs_back_and_runs_only_what_is_missing(tm
         run_sweep(other, tmp_path / "sweep")
 
 
+def test_sweep_finished_tabulates_the_finished_points_and_runs_nothing(tmp_path, monkeypatch,
+                                                                      capsys):
+    import clusterfed.experiments.resumable as resumable
+    import clusterfed.experiments.sweep as sweep_module
+
+    first = run_sweep(sweep_config(), tmp_path / "sweep")
+    (tmp_path / "sweep" / "points" / "001" / "summary.json").unlink()   # still running
+    monkeypatch.setattr(resumable, "run_config", lambda *a, **k: pytest.fail("ran"))
+    monkeypatch.setattr(resumable, "resume_run", lambda *a, **k: pytest.fail("resumed"))
+    monkeypatch.setattr(sweep_module, "build_federation_for", lambda *a, **k: pytest.fail("built"))
+    partial = run_sweep(sweep_config(), tmp_path / "sweep", finished_only=True)
+    assert partial["rows"] == first["rows"][:1]
+    assert partial["missing"] == [first["rows"][1]["values"]]
+    table = (tmp_path / "sweep" / "table.md").read_text()
+    assert table.count("\n| cosine | average |") == 1
+    assert "Not finished yet: algorithm.metric=cosine algorithm.linkage=average " \
+           "algorithm.threshold=4." in table
+    code, _, err = cli(capsys, "sweep", "flhc-grid-a", "--finished")
+    assert code != 0 and "--out" in err
+
+
 def test_best_over_keeps_the_best_point_per_group():
     rows = [{"values": {"m": m, "t": t}, "columns": {"last": {"mean_accuracy": acc}}}
             for m, t, acc in [("a", 1, 0.5), ("a", 2, 0.7), ("b", 1, 0.9), ("b", 2, 0.6)]]

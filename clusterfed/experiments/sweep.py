@@ -129,50 +129,71 @@ def figures_at(records: Sequence[Mapping[str, Any]], rnd: int) -> dict[str, floa
     return {"mean_accuracy": None, "clients_at_target": None}
 
 
-def run_sweep(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: str | None = None
-              ) -> dict[str, Any]:
-    """Run every point (and its baseline) into out_dir; write sweep.json and table.md."""
+def run_sweep(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: str | None = None,
+              finished_only: bool = False) -> dict[str, Any]:
+    """Run every point (and its baseline) into out_dir; write sweep.json and table.md.
+
+    `finished_only`: run nothing; tabulate the points whose runs have finished (a long
+    sweep's table so far), listing the others as still to run."""
     out = Path(out_dir)
     sweep = config["sweep"]
     points = point_configs(config)
     rules = dict(sweep.get("rounds") or {"last": "last"})
     baseline_patch = patch_of(sweep.get("baseline") or {})
     federations: dict[str, Any] = {}
-    baselines: dict[str, dict[str, Any]] = {}
-    rows = []
+    baselines: dict[str, str] = {}     # baseline config -> its folder, numbered in point order
+    records_of: dict[str, list[dict[str, Any]] | None] = {}
+    rows, missing = [], []
     out.mkdir(parents=True, exist_ok=True)
+
+    def records(run_cfg: Mapping[str, Any], folder: str) -> list[dict[str, Any]] | None:
+        """A run's per-round records: a finished run's read back (after checking it is this
+        config's), else run or resumed; None for an unfinished one when finished_only."""
+        if folder not in records_of:
+            finished = (out / folder / "summary.json").exists()
+            if finished_only and not finished:
+                records_of[folder] = None
+                return None
+            federation = None
+            if not finished:
+                fed_key = json.dumps([run_cfg["data"], run_cfg["scenario"], run_cfg["seed"]],
+                                     sort_keys=True, default=str)
+                if fed_key not in federations:   # points on one federation build it once
+                    federations[fed_key] = build_federation_for(run_cfg, data_dir)
+                federation = federations[fed_key]
+            run_or_resume(run_cfg, out / folder, federation, data_dir, SWEEP_IDENTITY)
+            records_of[folder] = read_jsonl(out / folder / "metrics.jsonl")
+        return records_of[folder]
+
     for i, (values, run_cfg) in enumerate(points):
         row: dict[str, Any] = {"values": values, "run": f"points/{i:03d}"}
-        fed_key = json.dumps([run_cfg["data"], run_cfg["scenario"], run_cfg["seed"]],
-                             sort_keys=True, default=str)
-        if fed_key not in federations:   # points on the same federation build it once
-            federations[fed_key] = build_federation_for(run_cfg, data_dir)
-        federation = federations[fed_key]
-        log.info("sweep point %d of %d: %s", i + 1, len(points),
-                 " ".join(f"{k}={v}" for k, v in values.items()))
-        run_or_resume(run_cfg, out / row["run"], federation, data_dir, SWEEP_IDENTITY)
-        records = read_jsonl(out / row["run"] / "metrics.jsonl")
-        base_records = None
-        if baseline_patch:
-            base_cfg = cfg.resolve(cfg.merge(run_cfg, baseline_patch))
+        base_cfg = cfg.resolve(cfg.merge(run_cfg, baseline_patch)) if baseline_patch else None
+        base_folder = None
+        if base_cfg is not None:
             key = cfg.dump(base_cfg)
-            if key not in baselines:
-                folder = f"baselines/{len(baselines):03d}"
-                run_or_resume(base_cfg, out / folder, federation, data_dir, SWEEP_IDENTITY)
-                baselines[key] = {"run": folder,
-                                  "records": read_jsonl(out / folder / "metrics.jsonl")}
-            row["baseline"] = baselines[key]["run"]
-            base_records = baselines[key]["records"]
+            base_folder = baselines.setdefault(key, f"baselines/{len(baselines):03d}")
+        if not finished_only:
+            log.info("sweep point %d of %d: %s", i + 1, len(points),
+                     " ".join(f"{k}={v}" for k, v in values.items()))
+        point_records = records(run_cfg, row["run"])
+        if point_records is None:
+            missing.append(values)
+            continue
+        base_records = None
+        if base_cfg is not None and base_folder is not None:
+            row["baseline"] = base_folder
+            base_records = records(base_cfg, base_folder)
         row["columns"] = {}
         for label, rule in rules.items():
             rnd = round_of(rule, run_cfg)
-            cell: dict[str, Any] = {"round": rnd, **figures_at(records, rnd)}
+            cell: dict[str, Any] = {"round": rnd, **figures_at(point_records, rnd)}
             if base_records is not None:
                 cell["baseline"] = figures_at(base_records, rnd)
             row["columns"][label] = cell
         rows.append(row)
     result = {"grid": [p for p, _ in points], "rows": rows, "rounds": rules,
-              "labels": dict(sweep.get("labels") or {}), "best_over": sweep.get("best_over")}
+              "labels": dict(sweep.get("labels") or {}), "best_over": sweep.get("best_over"),
+              "missing": missing}
     (out / "config.yaml").write_text(cfg.dump(config))
     (out / "sweep.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     (out / "table.md").write_text(format_sweep_table(result) + "\n")
@@ -236,4 +257,10 @@ def format_sweep_table(result: Mapping[str, Any]) -> str:
     if result.get("best_over"):
         note += (f" Each row is the best {result['best_over']} by the last column's test "
                  f"accuracy (selection on test data, as in the paper).")
+    if any("baseline" in row and not all("baseline" in cell for cell in row["columns"].values())
+           for row in rows):
+        note += " A row without ratios: its baseline run has not finished."
+    if result.get("missing"):
+        note += " Not finished yet: " + "; ".join(
+            " ".join(f"{k}={v}" for k, v in values.items()) for values in result["missing"]) + "."
     return "\n".join([*lines, "", note])
