@@ -56,10 +56,13 @@ def main(verbose: bool) -> None:
 @click.option("--out", help="Run folder (default runs/NAME-ALGORITHM-TIME).")
 @click.option("--data-dir", help="Data root (default $CLUSTERFED_DATA or the user cache).")
 @click.option("--resume", "resume_dir", help="Continue this run folder from its checkpoint.")
+@click.option("--overwrite", is_flag=True, help="Start over in an --out that holds a run cut "
+              "off before its end (refused without it: --resume continues that run).")
 def run(source: str | None, overrides: tuple[str, ...], out: str | None, data_dir: str | None,
-        resume_dir: str | None) -> None:
+        resume_dir: str | None, overwrite: bool) -> None:
     """Run PRESET or CONFIG.yaml with key=value overrides, or --resume a run folder."""
     from clusterfed.report import write_report
+    from clusterfed.run_folder import CHECKPOINT
     from clusterfed.sim.simulation import resume_run, run_config
 
     if resume_dir:
@@ -73,6 +76,12 @@ def run(source: str | None, overrides: tuple[str, ...], out: str | None, data_di
             raise ClusterfedError("give a preset name or a config file (see `clusterfed presets`)")
         name, config = _resolve(source, overrides, data_dir)
         folder = _out_dir(out, name, config["algorithm"]["name"])
+        # Starting over would delete a cut-off run's checkpoint: hours of rounds, perhaps.
+        if (folder / CHECKPOINT).exists() and not (folder / "summary.json").exists() \
+                and not overwrite:
+            raise ClusterfedError(f"{folder} holds a run cut off before its end: continue it "
+                                  f"with `clusterfed run --resume {folder}`, or start over "
+                                  f"with --overwrite")
         try:
             summary = run_config(config, folder)
         except KeyboardInterrupt:

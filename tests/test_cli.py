@@ -16,6 +16,7 @@ from helpers import cli, comparable
 
 from clusterfed import config as cfg
 from clusterfed.algorithms import ALGORITHMS
+from clusterfed.run_folder import CHECKPOINT
 
 SMALL = ["scenario.clients=8", "train.rounds=2", "run.progress=false"]
 
@@ -146,3 +147,21 @@ def test_module_entry_point_reports_errors_without_traceback():
                           cwd=Path(__file__).parent)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error: unknown algorithm 'nope'")
+
+
+def test_run_into_a_cut_off_run_is_refused_unless_overwritten(capsys, tmp_path):
+    """Starting over would delete the checkpoint of a run cut off before its end."""
+    args = ["run", "quickstart", "scenario.clients=4", "train.rounds=2", "run.progress=false",
+            "run.checkpoint_every=1", "--out", str(tmp_path)]
+    code, _, err = cli(capsys, *args)
+    assert code == 0, err
+    (tmp_path / "summary.json").unlink()          # as a run killed after its last checkpoint
+    checkpoint = (tmp_path / CHECKPOINT).read_bytes()
+    code, _, err = cli(capsys, *args)
+    assert code != 0 and f"clusterfed run --resume {tmp_path}" in err
+    assert (tmp_path / CHECKPOINT).read_bytes() == checkpoint
+    code, _, err = cli(capsys, *args, "--overwrite")
+    assert code == 0, err
+    assert (tmp_path / "summary.json").exists()
+    code, _, err = cli(capsys, *args)             # a finished run may be run again
+    assert code == 0, err
