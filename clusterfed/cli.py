@@ -26,6 +26,17 @@ def _resolve(source: str, overrides: Sequence[str], data_dir: str | None) -> tup
     return name, cfg.resolve(raw, [*overrides, *extra])
 
 
+def _refuse_cut_off(folder: Path, overwrite: bool, command: str) -> None:
+    """Starting over deletes a cut-off run's checkpoint (hours of rounds, perhaps): only on
+    --overwrite."""
+    from clusterfed.run_folder import CHECKPOINT
+
+    if (folder / CHECKPOINT).exists() and not (folder / "summary.json").exists() \
+            and not overwrite:
+        raise ClusterfedError(f"{folder} holds a run cut off before its end: continue it with "
+                              f"`{command} --resume {folder}`, or start over with --overwrite")
+
+
 def result_line(summary: dict[str, Any]) -> str:
     """The one line a finished run prints: accuracy, clusters, ARI (n/a without a truth)."""
     from clusterfed.clustering.metrics import score_text
@@ -62,7 +73,6 @@ def run(source: str | None, overrides: tuple[str, ...], out: str | None, data_di
         resume_dir: str | None, overwrite: bool) -> None:
     """Run PRESET or CONFIG.yaml with key=value overrides, or --resume a run folder."""
     from clusterfed.report import write_report
-    from clusterfed.run_folder import CHECKPOINT
     from clusterfed.sim.simulation import resume_run, run_config
 
     if resume_dir:
@@ -76,12 +86,7 @@ def run(source: str | None, overrides: tuple[str, ...], out: str | None, data_di
             raise ClusterfedError("give a preset name or a config file (see `clusterfed presets`)")
         name, config = _resolve(source, overrides, data_dir)
         folder = _out_dir(out, name, config["algorithm"]["name"])
-        # Starting over would delete a cut-off run's checkpoint: hours of rounds, perhaps.
-        if (folder / CHECKPOINT).exists() and not (folder / "summary.json").exists() \
-                and not overwrite:
-            raise ClusterfedError(f"{folder} holds a run cut off before its end: continue it "
-                                  f"with `clusterfed run --resume {folder}`, or start over "
-                                  f"with --overwrite")
+        _refuse_cut_off(folder, overwrite, "clusterfed run")
         try:
             summary = run_config(config, folder)
         except KeyboardInterrupt:
@@ -381,11 +386,13 @@ def flower() -> None:
               show_default=True,
               help="process: one long-lived ClientApp worker per SuperNode; subprocess: "
                    "Flower's fresh ClientApp process per message (slower).")
+@click.option("--overwrite", is_flag=True, help="Start over in an --out that holds a run cut "
+              "off before its end (refused without it: --resume continues that run).")
 def flower_local(source: str | None, overrides: tuple[str, ...], clients: int | None,
                  out: str | None, data_dir: str | None, resume_dir: str | None, secure: bool,
                  simulation: bool, client_cpus: int, client_gpus: float, reply_timeout: float,
                  own_data: str | None, secret_file: str | None, verbose_flower: bool,
-                 isolation: str) -> None:
+                 isolation: str, overwrite: bool) -> None:
     """Run PRESET or CONFIG.yaml on a SuperLink and SuperNodes started on 127.0.0.1."""
     try:
         from clusterfed.flower.launch import run_local
@@ -405,6 +412,7 @@ def flower_local(source: str | None, overrides: tuple[str, ...], clients: int | 
             raise ClusterfedError("give a preset name or a config file (see `clusterfed presets`)")
         name, config = _resolve(source or "quickstart", overrides, None)
         folder = _out_dir(out, name, config["algorithm"]["name"])
+        _refuse_cut_off(folder, overwrite, "clusterfed flower local")
     summary = run_local(config, folder, clients=clients, data_dir=data_dir,
                         resume=bool(resume_dir), secure=secure, simulation=simulation,
                         client_cpus=client_cpus, client_gpus=client_gpus,

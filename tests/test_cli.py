@@ -165,3 +165,11 @@ def test_run_into_a_cut_off_run_is_refused_unless_overwritten(capsys, tmp_path):
     assert (tmp_path / "summary.json").exists()
     code, _, err = cli(capsys, *args)             # a finished run may be run again
     assert code == 0, err
+
+
+def test_flower_local_into_a_cut_off_run_is_refused(capsys, tmp_path):
+    pytest.importorskip("flwr", reason="Flower is not installed")
+    (tmp_path / CHECKPOINT).write_bytes(b"a cut-off run's rounds")
+    code, _, err = cli(capsys, "flower", "local", "quickstart", "--out", str(tmp_path))
+    assert code != 0 and f"clusterfed flower local --resume {tmp_path}" in err
+    assert (tmp_path / CHECKPOINT).read_bytes() == b"a cut-off run's rounds"
