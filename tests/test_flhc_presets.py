@@ -158,7 +158,10 @@ def test_sweep_finished_tabulates_the_finished_points_and_runs_nothing(tmp_path,
     monkeypatch.setattr(resumable, "run_config", lambda *a, **k: pytest.fail("ran"))
     monkeypatch.setattr(resumable, "resume_run", lambda *a, **k: pytest.fail("resumed"))
     monkeypatch.setattr(sweep_module, "build_federation_for", lambda *a, **k: pytest.fail("built"))
-    partial = run_sweep(sweep_config(), tmp_path / "sweep", finished_only=True)
+    ran = (tmp_path / "sweep" / "config.yaml").read_text()
+    partial = run_sweep(cfg.merge(sweep_config(), {"run": {"threads": 2}}), tmp_path / "sweep",
+                        finished_only=True)
+    assert (tmp_path / "sweep" / "config.yaml").read_text() == ran   # the record of what ran
     assert partial["rows"] == first["rows"][:1]
     assert partial["missing"] == [first["rows"][1]["values"]]
     table = (tmp_path / "sweep" / "table.md").read_text()

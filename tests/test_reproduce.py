@@ -137,9 +137,11 @@ def test_finished_tabulates_the_finished_runs_and_runs_nothing(capsys, tmp_path:
     assert code == 0, err
     monkeypatch.setattr(resumable, "run_config", lambda *a, **k: pytest.fail("ran"))
     monkeypatch.setattr(rep, "build_federation_for", lambda *a, **k: pytest.fail("built"))
+    ran = (tmp_path / "r" / "config.yaml").read_text()
     code, out, err = cli(capsys, "reproduce", str(path), "--seeds", "0,1,2", "--out",
-                         str(tmp_path / "r"), "--finished")
+                         str(tmp_path / "r"), "--finished", "run.threads=2")
     assert code == 0, err
+    assert (tmp_path / "r" / "config.yaml").read_text() == ran   # the record of what ran
     assert "Seeds 0, 1, 2" in out
     assert "| fedavg (seeds 0, 1) | 50.00 ± 5.00 (own) |" in out
     assert "| local (seed 1) | 99.90 ± 0.00 (own) |" in out

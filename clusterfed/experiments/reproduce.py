@@ -152,7 +152,8 @@ def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
                          f"{f['seconds']:.0f} s")
     result = summarise(config, measured, seed_list, protocols, seeds_of)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(cfg.dump(config))
+    if not finished_only:   # the config that ran; a table of finished runs leaves it as it is
+        (out / "config.yaml").write_text(cfg.dump(config))
     (out / "reproduce.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "reproduce.md").write_text(markdown(result))
     return result

@@ -194,7 +194,8 @@ def run_sweep(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: str |
     result = {"grid": [p for p, _ in points], "rows": rows, "rounds": rules,
               "labels": dict(sweep.get("labels") or {}), "best_over": sweep.get("best_over"),
               "missing": missing}
-    (out / "config.yaml").write_text(cfg.dump(config))
+    if not finished_only:   # the config that ran; a table of finished runs leaves it as it is
+        (out / "config.yaml").write_text(cfg.dump(config))
     (out / "sweep.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     (out / "table.md").write_text(format_sweep_table(result) + "\n")
     return result
