@@ -144,7 +144,8 @@ def sweep(source: str, overrides: tuple[str, ...], out: str | None, data_dir: st
     if finished_only and out is None:
         raise click.UsageError("--finished reads a sweep folder: give its --out")
     folder = _out_dir(out, name, "sweep")
-    result = run_sweep(config, folder, finished_only=finished_only)
+    result = run_sweep(config, folder, finished_only=finished_only,
+                       progress=lambda line: click.echo(line, err=True))
     click.echo(format_sweep_table(result))
     click.echo(f"table: {folder / 'table.md'}")
 

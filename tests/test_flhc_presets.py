@@ -139,8 +139,11 @@ def test_a_rerun_sweep_reads_finished_runs_back_and_runs_only_what_is_missing(tm
 
     monkeypatch.setattr(resumable, "run_config", counted)
     (tmp_path / "sweep" / "points" / "001" / "summary.json").unlink()   # cut off
-    again = run_sweep(sweep_config(), tmp_path / "sweep")
+    lines: list[str] = []
+    again = run_sweep(sweep_config(), tmp_path / "sweep", progress=lines.append)
     assert ran == ["points/001"]
+    assert lines == [f"point {i} of 2: algorithm.metric=cosine algorithm.linkage=average "
+                     f"algorithm.threshold={t}" for i, t in ((1, 1), (2, 4))]
     assert again["rows"] == first["rows"]
     # Another evaluation would read other rounds: the folder is refused, not reused.
     other = cfg.merge(sweep_config(), {"eval": {"target_accuracy": 0.9}})

@@ -33,8 +33,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +42,6 @@ from clusterfed.errors import ConfigError
 from clusterfed.experiments.resumable import IDENTITY, run_or_resume
 from clusterfed.run_folder import read_jsonl
 from clusterfed.sim.simulation import build_federation_for
-
-log = logging.getLogger("clusterfed")
 
 SWEEP_KEYS = {"grid", "cases", "baseline", "rounds", "labels", "best_over"}
 # A point's run is read back only if it evaluated the same rounds the same way.
@@ -130,11 +127,13 @@ def figures_at(records: Sequence[Mapping[str, Any]], rnd: int) -> dict[str, floa
 
 
 def run_sweep(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: str | None = None,
-              finished_only: bool = False) -> dict[str, Any]:
+              finished_only: bool = False,
+              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run every point (and its baseline) into out_dir; write sweep.json and table.md.
 
     `finished_only`: run nothing; tabulate the points whose runs have finished (a long
-    sweep's table so far), listing the others as still to run."""
+    sweep's table so far), listing the others as still to run. `progress` receives a line
+    as each point starts."""
     out = Path(out_dir)
     sweep = config["sweep"]
     points = point_configs(config)
@@ -172,9 +171,9 @@ def run_sweep(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: str |
         if base_cfg is not None:
             key = cfg.dump(base_cfg)
             base_folder = baselines.setdefault(key, f"baselines/{len(baselines):03d}")
-        if not finished_only:
-            log.info("sweep point %d of %d: %s", i + 1, len(points),
-                     " ".join(f"{k}={v}" for k, v in values.items()))
+        if progress is not None and not finished_only:
+            progress(f"point {i + 1} of {len(points)}: "
+                     + " ".join(f"{k}={v}" for k, v in values.items()))
         point_records = records(run_cfg, row["run"])
         if point_records is None:
             missing.append(values)
