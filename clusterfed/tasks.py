@@ -52,6 +52,9 @@ class TrainSpec:
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
     optimizer_state: str = "fresh"        # "fresh" or "kept" (OPTIMIZER_STATES)
+    # Batches of an epoch one local step reads, for counting steps from epochs: 2 makes an
+    # epoch of Per-FedAvg's two-batch meta steps one pass over the data (its PACFL authors').
+    batches_per_step: int = 1
 
     def __post_init__(self) -> None:
         if (self.epochs is None) == (self.steps is None):
@@ -60,6 +63,9 @@ class TrainSpec:
             raise ConfigError("train.local_epochs / train.local_steps must be at least 1")
         if self.batch_size < 1:
             raise ConfigError(f"train.batch_size must be at least 1, got {self.batch_size}")
+        if not isinstance(self.batches_per_step, int) or self.batches_per_step < 1:
+            raise ConfigError(f"batches_per_step must be a positive integer, "
+                              f"got {self.batches_per_step!r}")
         if not self.lr > 0 or not math.isfinite(self.lr):
             raise ConfigError(f"train.lr must be a positive number, got {self.lr}")
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
@@ -87,7 +93,8 @@ class TrainSpec:
         if self.steps is not None:
             return self.steps
         assert self.epochs is not None
-        return self.epochs * math.ceil(num_samples / min(self.batch_size, num_samples))
+        batches = math.ceil(num_samples / min(self.batch_size, num_samples))
+        return self.epochs * max(1, batches // self.batches_per_step)
 
     def decayed(self, decay: float, round_index: int) -> TrainSpec:
         """The spec for round `round_index` (0-based) under a per-round lr decay factor."""
@@ -95,6 +102,9 @@ class TrainSpec:
 
 
 MAML_VARIANTS = ("fo", "hf")
+# "meta": momentum acts on the meta-gradient alone; "shared": one optimiser takes the inner and
+# the outer step, its momentum buffer carried through both (the PACFL authors' Per-FedAvg).
+MAML_MOMENTA = ("meta", "shared")
 
 
 @dataclass(frozen=True)
@@ -107,6 +117,8 @@ class LocalObjective:
     maml: Per-FedAvg's meta step, 'fo' (first order) or 'hf' (Hessian-free); each local step
         is then w <- w - lr * meta-gradient with inner step size `maml_alpha`, and the
         Hessian-vector product of 'hf' is a central difference of step `maml_delta`.
+        `maml_momentum` (MAML_MOMENTA): "shared" ('fo' only) takes the inner step through
+        the optimiser too, so its momentum buffer carries both steps' gradients.
     anchor: the proximal term's centre instead of w_start (flat, like the parameters; FedSoft
         pulls toward a mix of cluster centres).
     sample_weights: one non-negative weight per training sample, in the client's data order
@@ -121,6 +133,7 @@ class LocalObjective:
     maml: str | None = None
     maml_alpha: float = 0.01
     maml_delta: float = 1e-3
+    maml_momentum: str = "meta"
     anchor: np.ndarray | None = None
     sample_weights: np.ndarray | None = None
 
@@ -136,6 +149,11 @@ class LocalObjective:
                                   "weights")
         if not self.maml_alpha > 0 or not self.maml_delta > 0:
             raise ConfigError("maml_alpha and maml_delta must be positive")
+        if self.maml_momentum not in MAML_MOMENTA:
+            raise ConfigError(f"maml_momentum must be one of {MAML_MOMENTA}, "
+                              f"got {self.maml_momentum!r}")
+        if self.maml_momentum == "shared" and self.maml != "fo":
+            raise ConfigError("a shared inner and outer step is first order's (maml: fo)")
         if self.anchor is not None and not self.prox_mu:
             raise ConfigError("a proximal anchor needs a proximal term mu > 0")
         w = self.sample_weights

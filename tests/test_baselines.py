@@ -7,6 +7,8 @@ LG-FedAvg's server updates on hand-made results.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -132,6 +134,61 @@ def test_per_fedavg_meta_steps_by_hand(linear, variant):
     other = LocalObjective(maml="hf" if variant == "fo" else "fo", maml_alpha=alpha)
     other_update, _ = meta_train(flat, w0, x, y, spec, torch.Generator().manual_seed(0), other)
     assert not torch.allclose(update, other_update, atol=1e-5)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.5])
+def test_per_fedavg_shared_momentum_is_the_pacfl_authors_loop(linear, momentum):
+    """`maml_momentum: shared` against the PACFL authors' Client_Per_FedAvg.train written out
+    with torch.optim.SGD: an inner step of alpha, the gradient at w~, the weights put back,
+    an outer step of beta, one optimiser (and momentum buffer) for both; full batches."""
+    flat, x, y = linear
+    w0 = flat.initial_vector()
+    alpha, beta, steps = 0.3, 0.5, 3
+    spec = TrainSpec(lr=beta, batch_size=10, epochs=None, steps=steps, momentum=momentum)
+    shared = LocalObjective(maml="fo", maml_alpha=alpha, maml_momentum="shared")
+    update, _ = meta_train(flat, w0, x, y, spec, torch.Generator().manual_seed(0), shared)
+    net = torch.nn.Linear(3, 4)
+    torch.nn.utils.vector_to_parameters(w0.clone(), net.parameters())
+    sgd = torch.optim.SGD(net.parameters(), lr=alpha, momentum=momentum)
+    for _ in range(steps):
+        saved = {k: v.clone() for k, v in net.state_dict().items()}
+        net.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        for group in sgd.param_groups:
+            group["lr"] = alpha
+        sgd.step()
+        net.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        net.load_state_dict(saved)
+        for group in sgd.param_groups:
+            group["lr"] = beta
+        sgd.step()
+    expected = torch.nn.utils.parameters_to_vector(net.parameters()).detach()
+    torch.testing.assert_close(w0 + update, expected, rtol=1e-5, atol=1e-6)
+    # Momentum on the meta-gradient alone is another loop, unless there is no momentum.
+    meta, _ = meta_train(flat, w0, x, y, spec, torch.Generator().manual_seed(0),
+                         replace(shared, maml_momentum="meta"))
+    assert torch.allclose(meta, update, atol=1e-6) == (momentum == 0.0)
+
+
+def test_per_fedavg_epoch_of_one_pass_takes_a_meta_step_a_pair_of_batches():
+    """The PACFL authors' `len(ldr_train) // 2` meta steps an epoch (`epoch: pass`)."""
+    def spec(**options) -> TrainSpec:
+        algo = build_algorithm({"name": "per_fedavg", **options})
+        state = algo.init(Setup(2, np.zeros(3, np.float32), np.array([20, 20]), 0))
+        ctx = RoundContext(0, np.array([0]), TrainSpec(lr=0.01, batch_size=10, epochs=3))
+        return algo.plan(state, ctx)[0].train
+
+    assert spec(epoch="batches").num_steps(55) == 3 * 6     # a step a batch: two passes
+    assert spec(epoch="pass").num_steps(55) == 3 * 3        # 6 batches, 3 pairs: one pass
+    assert spec(epoch="pass").num_steps(5) == 3             # one batch: still a step
+    assert spec(epoch="pass", variant="hf").num_steps(60) == 3 * 2   # three batches a step
+    with pytest.raises(ValueError, match="first-order"):
+        build_algorithm({"name": "per_fedavg", "momentum": "shared", "variant": "hf"})
+    with pytest.raises(ValueError, match="epoch"):
+        build_algorithm({"name": "per_fedavg", "epoch": "twice"})
+    with pytest.raises(ConfigError, match="first order"):
+        LocalObjective(maml="hf", maml_momentum="shared")
 
 
 def test_train_results_report_their_local_steps(linear):

@@ -173,6 +173,10 @@ def test_local_objectives_train_grouped_and_equal_sequential(federation, spec, m
             tasks.append(ClientTask(c, TaskKind.TRAIN, start(), spec,
                                     objective=LocalObjective(maml=variant, maml_alpha=0.03,
                                                              maml_delta=1e-2)))
+    for c in (1, 3):   # ... as the PACFL authors step them: one optimiser, epochs of one pass
+        pass_spec = dataclasses.replace(spec, batches_per_step=2)
+        shared = LocalObjective(maml="fo", maml_alpha=0.03, maml_momentum="shared")
+        tasks.append(ClientTask(c, TaskKind.TRAIN, start(), pass_spec, objective=shared))
     tasks.append(ClientTask(5, TaskKind.TRAIN, start(), spec))
     assert_same(seq.run(tasks, 2, 1), grp.run(tasks, 2, 1))
     assert fallback == []

@@ -270,6 +270,12 @@ def test_every_pacfl_preset_resolves(name):
         build_algorithm(run["algorithm"], run["newcomers"])
     text = cfg.preset_paths()[name].read_text()
     assert text.startswith("#") and "spec" in text
+    # Per-FedAvg as the PACFL authors' code runs it: no test-time step, epochs of one pass,
+    # one optimiser through the inner and the outer step.
+    per_fedavg = [e for e in config["compare"]["algorithms"]
+                  if isinstance(e, dict) and e["name"] == "per_fedavg"]
+    assert [(e["personal_steps"], e["epoch"], e["momentum"]) for e in per_fedavg] == [
+        (0, "pass", "shared")] * len(per_fedavg)
 
 
 @pytest.mark.shared_data

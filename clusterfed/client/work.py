@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -156,6 +157,23 @@ def meta_gradient(model: FlatModel, w: torch.Tensor, batches: Iterator[torch.Ten
     return g - alpha * (plus - minus) / (2 * delta), loss
 
 
+def shared_meta_step(model: FlatModel, w: torch.Tensor, batches: Iterator[torch.Tensor],
+                     x: torch.Tensor, y: torch.Tensor, objective: LocalObjective,
+                     spec: TrainSpec, state: OptimizerState
+                     ) -> tuple[torch.Tensor, OptimizerState, float]:
+    """Per-FedAvg (FO) as its PACFL authors step it (src/client/client_per_fedavg.py): one
+    optimiser takes the inner step of alpha from w on D, then, from w again, the outer step of
+    beta (spec.lr) on the gradient at w~ on D'; its momentum buffer runs through both. Returns
+    (new w, the optimiser's state, the loss at w~ on D')."""
+    idx = next(batches)
+    inner, _ = loss_and_grad(model, w, x[idx], y[idx])
+    tilde, state = local_step(w, inner, state, replace(spec, lr=objective.maml_alpha))
+    idx = next(batches)
+    g, loss = loss_and_grad(model, tilde, x[idx], y[idx])
+    w, state = local_step(w, g, state, spec)
+    return w, state, loss
+
+
 def meta_train(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
                spec: TrainSpec, generator: torch.Generator, objective: LocalObjective
                ) -> tuple[torch.Tensor, float]:
@@ -182,8 +200,11 @@ def meta_train_with_state(model: FlatModel, params: torch.Tensor, x: torch.Tenso
     total = 0.0
     steps = spec.num_steps(len(y))
     for _ in range(steps):
-        grad, loss = meta_gradient(model, w, batches, x, y, objective)
-        w, state = local_step(w, grad, state, spec)
+        if objective.maml_momentum == "shared":
+            w, state, loss = shared_meta_step(model, w, batches, x, y, objective, spec, state)
+        else:
+            grad, loss = meta_gradient(model, w, batches, x, y, objective)
+            w, state = local_step(w, grad, state, spec)
         total += loss
     return w - params, total / steps, state
 

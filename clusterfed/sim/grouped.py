@@ -100,6 +100,7 @@ class GroupObjective:
     maml: str | None = None
     maml_alpha: float = 0.01
     maml_delta: float = 1e-3
+    maml_momentum: str = "meta"
 
     @property
     def batches_per_step(self) -> int:
@@ -114,7 +115,7 @@ def objective_kind(objective: LocalObjective | None) -> tuple | None:
         return None
     return (objective.prox_mu, objective.anchor is not None, objective.correction is not None,
             objective.sample_weights is not None, objective.maml, objective.maml_alpha,
-            objective.maml_delta)
+            objective.maml_delta, objective.maml_momentum)
 
 
 def _batch_losses(per: torch.Tensor, target: torch.Tensor, valid: torch.Tensor,
@@ -195,8 +196,19 @@ def train_grouped(model: GroupedModel, params: torch.Tensor, x: torch.Tensor, y:
     for s in range(int(steps[0])):
         active = int((steps > s).sum())
         current = [t[:active] for t in w]
+        before: list[torch.Tensor | None] = (
+            [None] * len(current) if velocity is None else [v[:active] for v in velocity])
         if objective.maml is None:
             losses, grads = losses_and_grads(current, s, active)
+        elif objective.maml_momentum == "shared":   # `client.work.shared_meta_step`
+            _, inner = losses_and_grads(current, s * per_step, active)
+            if spec.clip_grad_norm:
+                inner = _clip(inner, spec.clip_grad_norm)
+            stepped = [sgd_step(leaf.detach(), grad, v,
+                                dataclasses.replace(plain, lr=objective.maml_alpha))
+                       for leaf, grad, v in zip(current, inner, before, strict=True)]
+            before = [v for _, v in stepped]   # the outer step continues the inner's buffer
+            losses, grads = losses_and_grads([t for t, _ in stepped], s * per_step + 1, active)
         else:
             losses, grads = _meta_gradient(objective, current, s * per_step, active,
                                            losses_and_grads)
@@ -204,8 +216,7 @@ def train_grouped(model: GroupedModel, params: torch.Tensor, x: torch.Tensor, y:
             grads = _clip(grads, spec.clip_grad_norm)
         moved = []
         for j, (leaf, grad) in enumerate(zip(current, grads, strict=True)):
-            new, v = sgd_step(leaf.detach(), grad,
-                              None if velocity is None else velocity[j][:active], plain,
+            new, v = sgd_step(leaf.detach(), grad, before[j], plain,
                               prox_mu=mu, anchor=None if anchor is None else anchor[j][:active],
                               correction=None if correction is None else correction[j][:active])
             w[j][:active] = new
@@ -362,7 +373,8 @@ class GroupedExecutor(VectorisedExecutor):
                 [o.sample_weights for o in objectives]).astype(np.float32)).to(self.device)
         return GroupObjective(first.prox_mu, packed([o.anchor for o in objectives]),
                               packed([o.correction for o in objectives]), weights,
-                              first.maml, first.maml_alpha, first.maml_delta)
+                              first.maml, first.maml_alpha, first.maml_delta,
+                              first.maml_momentum)
 
     def _evaluate_many(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor
                        ) -> tuple[np.ndarray, np.ndarray]:

@@ -52,7 +52,7 @@ log = logging.getLogger("clusterfed")
 
 # What this executor knows how to run; anything else on a task is an extra it must not drop.
 PLAIN_SPEC_FIELDS = frozenset({"lr", "batch_size", "epochs", "steps", "momentum",
-                               "weight_decay", "clip_grad_norm"})
+                               "weight_decay", "clip_grad_norm", "batches_per_step"})
 PLAIN_TASK_FIELDS = frozenset({"client", "kind", "params", "train", "meta", "loss", "id",
                                "own_model", "split"})
 # Bytes of working memory per vmap call: all clients' parameters, gradients, velocities and

@@ -11,9 +11,15 @@ gradient steps of size alpha on its training data before it is tested.
 
 tau is the round's number of local steps (train.local_steps, or local_epochs times the batches
 per epoch); each meta step draws 2 ('fo') or 3 ('hf') batches, so an epoch of meta steps reads
-the data 2 or 3 times. The outer step beta defaults to train.lr (its momentum and weight decay
-apply to the meta-gradient); alpha defaults to train.lr too. PACFL (Table 13): alpha = 1e-2,
-beta = 1e-3.
+the data 2 or 3 times (`epoch: batches`). The outer step beta defaults to train.lr (its
+momentum and weight decay apply to the meta-gradient: `momentum: meta`); alpha defaults to
+train.lr too. PACFL (Table 13): alpha = 1e-2, beta = 1e-3.
+
+The PACFL authors' Per-FedAvg (src/client/client_per_fedavg.py, from the pFedMe code base)
+differs in two ways, each an option here and both set by the PACFL presets: an epoch is one
+pass over the data, `len(ldr_train) // 2` meta steps of two batches (`epoch: pass`), and one
+SGD optimiser takes the inner and the outer step, so its momentum buffer carries the inner
+gradients into the outer step (`momentum: shared`, first order only).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from clusterfed.algorithms.aggregate import aggregation_weights
 from clusterfed.algorithms.base import ALGORITHMS, ClusterView, RoundContext, Setup, Update
 from clusterfed.algorithms.fedavg.algorithm import FedAvgState, apply_updates
 from clusterfed.client.tasks import (
+    MAML_MOMENTA,
     MAML_VARIANTS,
     ClientResult,
     ClientTask,
@@ -34,6 +41,11 @@ from clusterfed.client.tasks import (
     TaskKind,
     TrainSpec,
 )
+
+# What an epoch of meta steps is: a step a batch (reading the data 2 or 3 times), or one pass.
+EPOCHS = ("batches", "pass")
+# Batches one meta step reads: D, D' (first order) and D'' (Hessian-free).
+BATCHES_PER_STEP = {"fo": 2, "hf": 3}
 
 
 @ALGORITHMS.register("per_fedavg")
@@ -45,6 +57,8 @@ class PerFedAvg:
     delta: float = 1e-3            # the HF variant's finite-difference step
     personal_steps: int = 1        # gradient steps of personalisation before testing
     weighting: str = "uniform"     # Algorithm 1's plain mean, or "samples"
+    epoch: str = "batches"         # "batches": a meta step a batch; "pass": one data pass
+    momentum: str = "meta"         # "meta": on the meta-gradient; "shared": inner step too
 
     def __post_init__(self) -> None:
         if self.variant not in MAML_VARIANTS:
@@ -58,14 +72,23 @@ class PerFedAvg:
         if self.personal_steps < 0:
             raise ValueError(f"personal_steps must be >= 0, got {self.personal_steps}")
         aggregation_weights(np.ones(1), self.weighting)
+        if self.epoch not in EPOCHS:
+            raise ValueError(f"epoch must be one of {EPOCHS}, got {self.epoch!r}")
+        if self.momentum not in MAML_MOMENTA:
+            raise ValueError(f"momentum must be one of {MAML_MOMENTA}, got {self.momentum!r}")
+        if self.momentum == "shared" and self.variant != "fo":
+            raise ValueError("momentum: shared steps the inner and the outer step through one "
+                             "optimiser, the first-order variant's (variant: fo)")
 
     def init(self, setup: Setup) -> FedAvgState:
         return FedAvgState(setup.initial_params.copy(), setup.num_clients)
 
     def plan(self, state: FedAvgState, ctx: RoundContext) -> list[ClientTask]:
-        spec = replace(ctx.train, lr=self.beta or ctx.train.lr)
+        spec = replace(ctx.train, lr=self.beta or ctx.train.lr,
+                       batches_per_step=BATCHES_PER_STEP[self.variant] if self.epoch == "pass"
+                       else 1)
         objective = LocalObjective(maml=self.variant, maml_alpha=self.alpha or ctx.train.lr,
-                                   maml_delta=self.delta)
+                                   maml_delta=self.delta, maml_momentum=self.momentum)
         return [ClientTask(int(c), TaskKind.TRAIN, state.model, spec, objective=objective)
                 for c in ctx.sampled]
 
