@@ -102,6 +102,8 @@ class TrainSpec:
 
 
 MAML_VARIANTS = ("fo", "hf")
+# Batches one meta step reads: D, D' (first order) and D'' (Hessian-free).
+MAML_BATCHES = {"fo": 2, "hf": 3}
 # "meta": momentum acts on the meta-gradient alone; "shared": one optimiser takes the inner and
 # the outer step, its momentum buffer carried through both (the PACFL authors' Per-FedAvg).
 MAML_MOMENTA = ("meta", "shared")

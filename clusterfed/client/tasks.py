@@ -1,6 +1,7 @@
 """The task records now live in `clusterfed.tasks` (the bottom floor); imported from here too."""
 
 from clusterfed.tasks import (
+    MAML_BATCHES,
     MAML_MOMENTA,
     MAML_VARIANTS,
     ClientResult,
@@ -14,5 +15,6 @@ from clusterfed.tasks import (
     numbered,
 )
 
-__all__ = ["MAML_MOMENTA", "MAML_VARIANTS", "ClientResult", "ClientTask", "LocalObjective",
-           "LossSpec", "SignatureSpec", "TaskKind", "TrainSpec", "match_results", "numbered"]
+__all__ = ["MAML_BATCHES", "MAML_MOMENTA", "MAML_VARIANTS", "ClientResult", "ClientTask",
+           "LocalObjective", "LossSpec", "SignatureSpec", "TaskKind", "TrainSpec",
+           "match_results", "numbered"]

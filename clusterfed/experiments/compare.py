@@ -69,7 +69,7 @@ def compare(config: Mapping[str, Any], out_dir: str | Path, names: Sequence[str]
             *, data_dir: str | None = None) -> dict[str, Any]:
     """Run each algorithm on the same federation (built once); write comparison.json."""
     # Here, not at the top: the report reads comparisons without importing the simulator.
-    from clusterfed.experiments.resumable import IDENTITY, run_or_resume
+    from clusterfed.experiments.resumable import IDENTITY_WITH_EVAL, run_or_resume
     from clusterfed.sim.simulation import build_federation_for
 
     out = Path(out_dir)
@@ -82,9 +82,8 @@ def compare(config: Mapping[str, Any], out_dir: str | Path, names: Sequence[str]
     summaries = {}
     run_cfgs = [run_config_of(config, s) for s in sections]   # every entry checked first
     for label, run_cfg in zip(labels, run_cfgs, strict=True):
-        # Evaluation is part of a compared run: the table sets its figures side by side.
         summaries[label] = run_or_resume(run_cfg, out / label, federation, data_dir,
-                                         (*IDENTITY, "eval"))
+                                         IDENTITY_WITH_EVAL)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(cfg.dump(config))
     comparison = {"algorithms": labels, "summaries": summaries}

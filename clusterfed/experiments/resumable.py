@@ -19,6 +19,8 @@ from clusterfed.sim.simulation import resume_run, run_config
 # What makes two runs the same run. `eval` is left out: a reproduction may evaluate less often
 # than the finished run it reads back (its final figures are the same round's).
 IDENTITY = ("seed", "data", "scenario", "model", "train", "algorithm", "newcomers")
+# Where a table sets runs' per-round figures side by side (compare, sweep), evaluation counts.
+IDENTITY_WITH_EVAL = (*IDENTITY, "eval")
 
 
 def same_data(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

@@ -39,13 +39,11 @@ from typing import Any
 
 from clusterfed import config as cfg
 from clusterfed.errors import ConfigError
-from clusterfed.experiments.resumable import IDENTITY, run_or_resume
+from clusterfed.experiments.resumable import IDENTITY_WITH_EVAL, run_or_resume
 from clusterfed.run_folder import read_jsonl
 from clusterfed.sim.simulation import build_federation_for
 
 SWEEP_KEYS = {"grid", "cases", "baseline", "rounds", "labels", "best_over"}
-# A point's run is read back only if it evaluated the same rounds the same way.
-SWEEP_IDENTITY = (*IDENTITY, "eval")
 
 
 def patch_of(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -160,17 +158,17 @@ def run_sweep(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: str |
                 if fed_key not in federations:   # points on one federation build it once
                     federations[fed_key] = build_federation_for(run_cfg, data_dir)
                 federation = federations[fed_key]
-            run_or_resume(run_cfg, out / folder, federation, data_dir, SWEEP_IDENTITY)
+            run_or_resume(run_cfg, out / folder, federation, data_dir, IDENTITY_WITH_EVAL)
             records_of[folder] = read_jsonl(out / folder / "metrics.jsonl")
         return records_of[folder]
 
     for i, (values, run_cfg) in enumerate(points):
         row: dict[str, Any] = {"values": values, "run": f"points/{i:03d}"}
-        base_cfg = cfg.resolve(cfg.merge(run_cfg, baseline_patch)) if baseline_patch else None
-        base_folder = None
-        if base_cfg is not None:
-            key = cfg.dump(base_cfg)
-            base_folder = baselines.setdefault(key, f"baselines/{len(baselines):03d}")
+        baseline = None   # (its config, its folder), numbered before a point is skipped
+        if baseline_patch:
+            base_cfg = cfg.resolve(cfg.merge(run_cfg, baseline_patch))
+            baseline = (base_cfg, baselines.setdefault(cfg.dump(base_cfg),
+                                                        f"baselines/{len(baselines):03d}"))
         if progress is not None and not finished_only:
             progress(f"point {i + 1} of {len(points)}: "
                      + " ".join(f"{k}={v}" for k, v in values.items()))
@@ -179,9 +177,9 @@ def run_sweep(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: str |
             missing.append(values)
             continue
         base_records = None
-        if base_cfg is not None and base_folder is not None:
-            row["baseline"] = base_folder
-            base_records = records(base_cfg, base_folder)
+        if baseline is not None:
+            row["baseline"] = baseline[1]
+            base_records = records(*baseline)
         row["columns"] = {}
         for label, rule in rules.items():
             rnd = round_of(rule, run_cfg)

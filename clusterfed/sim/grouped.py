@@ -50,7 +50,7 @@ from clusterfed.data.federation import Federation
 from clusterfed.models.flat import FlatModel
 from clusterfed.models.grouped import GroupedModel, grouped_obstacle
 from clusterfed.sim.vectorised import VectorisedExecutor, batch_plan, task_obstacle
-from clusterfed.tasks import ClientResult, ClientTask, LocalObjective, TrainSpec
+from clusterfed.tasks import MAML_BATCHES, ClientResult, ClientTask, LocalObjective, TrainSpec
 
 # Floats of the widest layer's output per group call. Measured on a 2-core EPYC (img per
 # CPU second, docs/benchmarks.md): the best group held about 1-2.5M (cfl_convnet at batch
@@ -105,7 +105,7 @@ class GroupObjective:
     @property
     def batches_per_step(self) -> int:
         """Batches a local step draws: Per-FedAvg's D, D' ('fo') and D'' ('hf'); else one."""
-        return {None: 1, "fo": 2, "hf": 3}[self.maml]
+        return 1 if self.maml is None else MAML_BATCHES[self.maml]
 
 
 def objective_kind(objective: LocalObjective | None) -> tuple | None:

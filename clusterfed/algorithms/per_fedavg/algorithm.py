@@ -33,6 +33,7 @@ from clusterfed.algorithms.aggregate import aggregation_weights
 from clusterfed.algorithms.base import ALGORITHMS, ClusterView, RoundContext, Setup, Update
 from clusterfed.algorithms.fedavg.algorithm import FedAvgState, apply_updates
 from clusterfed.client.tasks import (
+    MAML_BATCHES,
     MAML_MOMENTA,
     MAML_VARIANTS,
     ClientResult,
@@ -44,8 +45,6 @@ from clusterfed.client.tasks import (
 
 # What an epoch of meta steps is: a step a batch (reading the data 2 or 3 times), or one pass.
 EPOCHS = ("batches", "pass")
-# Batches one meta step reads: D, D' (first order) and D'' (Hessian-free).
-BATCHES_PER_STEP = {"fo": 2, "hf": 3}
 
 
 @ALGORITHMS.register("per_fedavg")
@@ -85,7 +84,7 @@ class PerFedAvg:
 
     def plan(self, state: FedAvgState, ctx: RoundContext) -> list[ClientTask]:
         spec = replace(ctx.train, lr=self.beta or ctx.train.lr,
-                       batches_per_step=BATCHES_PER_STEP[self.variant] if self.epoch == "pass"
+                       batches_per_step=MAML_BATCHES[self.variant] if self.epoch == "pass"
                        else 1)
         objective = LocalObjective(maml=self.variant, maml_alpha=self.alpha or ctx.train.lr,
                                    maml_delta=self.delta, maml_momentum=self.momentum)
