@@ -29,8 +29,10 @@ def _resolve(source: str, overrides: Sequence[str], data_dir: str | None) -> tup
 def _refuse_cut_off(folder: Path, overwrite: bool, command: str) -> None:
     """Starting over deletes a cut-off run's checkpoint (hours of rounds, perhaps): only on
     --overwrite."""
-    from clusterfed.run_folder import CHECKPOINT
+    from clusterfed.run_folder import CHECKPOINT, FolderBusy, busy_message, writer
 
+    if writer(folder) is not None:
+        raise FolderBusy(busy_message(folder))
     if (folder / CHECKPOINT).exists() and not (folder / "summary.json").exists() \
             and not overwrite:
         raise ClusterfedError(f"{folder} holds a run cut off before its end: continue it with "

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,16 @@ from clusterfed.errors import ConfigError
 from clusterfed.state import dumps, loads, save_atomic
 
 CHECKPOINT = "checkpoint.npz"
+LOCK = ".lock"
+
+try:
+    import fcntl
+except ImportError:   # Windows: no flock; runs there go unguarded
+    fcntl = None  # type: ignore[assignment]
+
+
+class FolderBusy(ConfigError):
+    """Another process is writing this run folder."""
 
 
 class RunFolder:
@@ -19,6 +31,27 @@ class RunFolder:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        """Hold the folder's lock while a run writes it: two runs appending to one folder would
+        interleave their rounds and overwrite each other's checkpoint. An flock, so a killed
+        run leaves no stale lock behind."""
+        if fcntl is None:
+            yield
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise FolderBusy(busy_message(self.path)) from None
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            yield
+        finally:
+            os.close(fd)   # releases the flock
 
     def start(self, config: Mapping[str, Any]) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -51,6 +84,29 @@ class RunFolder:
 
     def write_summary(self, summary: Mapping[str, Any]) -> None:
         save_atomic(self.path / "summary.json", (json.dumps(summary, indent=2) + "\n").encode())
+
+
+def writer(path: Path) -> int | None:
+    """The pid of the process writing the run folder `path`, or None when none is."""
+    if fcntl is None or not (path / LOCK).exists():
+        return None
+    fd = os.open(path / LOCK, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.read(fd, 32).decode().strip()
+            return int(text) if text.isdigit() else -1
+        return None
+    finally:
+        os.close(fd)
+
+
+def busy_message(path: Path) -> str:
+    pid = writer(path)
+    who = f"process {pid}" if pid and pid > 0 else "another process"
+    return (f"{path} is being written by {who}, a run still going: wait for it, or stop it "
+            f"and continue it with --resume")
 
 
 def read_config(run_dir: Path) -> dict[str, Any]:

@@ -204,7 +204,10 @@ class Simulation:
         """Run (or resume) to the last round; the executor is closed at the end, also when the
         run raises or is interrupted (a later call starts its workers again)."""
         try:
-            return self._run(resume)
+            if self.folder is None:
+                return self._run(resume)
+            with self.folder.writing():   # a second run into this folder is refused
+                return self._run(resume)
         finally:
             self.close()
 
