@@ -38,6 +38,24 @@ def test_importance_is_the_share_of_samples_each_centre_fits_best_smoothed_by_si
     np.testing.assert_allclose(importance_weights(losses, 0.5), [0.6, 0.5, 0.5])
 
 
+def test_hard_importance_is_one_on_the_centre_of_most_samples_sigma_elsewhere():
+    losses = np.array([[0.1, 0.2, 0.9, 0.3, 0.5],     # counts 3, 2, 0 as above
+                       [0.4, 0.2, 0.1, 0.8, 0.2],
+                       [0.5, 0.6, 0.7, 0.9, 0.9]])
+    np.testing.assert_allclose(importance_weights(losses, 0.01, hard=True), [1.0, 0.01, 0.01])
+    tie = np.array([[0.1, 0.9], [0.9, 0.1]])          # 1 and 1: the lowest centre
+    np.testing.assert_allclose(importance_weights(tie, 0.01, hard=True), [1.0, 0.01])
+
+
+def test_hard_importance_in_a_round_gives_each_centre_only_its_clients():
+    algo = FedSoft(k=2, sigma=0.01, importance="hard")
+    state = algo.init(setup([4, 4]))
+    results = [ClientResult(0, TaskKind.LOSSES, 4, losses=np.array([[1, 1, 1, 9], [2, 2, 2, 1.0]])),
+               ClientResult(1, TaskKind.LOSSES, 4, losses=np.array([[5, 5, 1, 5], [1, 1, 5, 1.0]]))]
+    state = algo.update(state, ctx(0, [0, 1]), results).state
+    np.testing.assert_allclose(state.importance, [[1.0, 0.01], [0.01, 1.0]])
+
+
 def test_centre_weights_are_importance_times_samples_normalised_per_centre():
     u = np.array([[0.75, 0.25], [0.5, 0.5]])
     v = centre_weights(u, np.array([10, 30]))
@@ -165,7 +183,8 @@ def test_served_centres_fall_back_to_the_most_common():
 @pytest.mark.parametrize(("options", "message"), [
     ({"k": 0}, "k must"), ({"tau": 0}, "tau"), ({"sigma": 0.0}, "sigma"),
     ({"lam": -1.0}, "lam"), ({"selection_size": 0}, "selection_size"),
-    ({"select_round": -1}, "select_round"), ({"local_start": "centre"}, "local_start")])
+    ({"select_round": -1}, "select_round"), ({"local_start": "centre"}, "local_start"),
+    ({"importance": "argmax"}, "importance")])
 def test_bad_options_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
         FedSoft(**options)

@@ -57,6 +57,10 @@ Deviations, and why:
   the proximal centre a = sum_s u_s theta_s / sum_s u_s instead (as IFCA's and FedAvg's
   clients start from the model they are sent): not the paper's or the authors' rule, an
   option for finding what FedSoft's personal models cost its centres.
+- `importance: hard` puts u = 1 on the centre that counts most of the client's samples and
+  sigma on the others (IFCA's one choice a client, by sample counts): not the paper's or the
+  authors' rule, an option for finding what the soft weights' share from the other sources
+  costs the centres.
 - The server keeps the personal models (n x d in the state, fine for small models) and sends
   each selected client its own with the anchor; the paper's client keeps its model and downloads
   the S centres. The local problem is the same.
@@ -98,6 +102,7 @@ from clusterfed.tasks import LocalObjective, LossSpec
 
 NEVER = -1
 LOCAL_STARTS = ("personal", "anchor")
+IMPORTANCES = ("soft", "hard")
 _SELECT_TAG = 0xF5F7
 
 
@@ -116,11 +121,14 @@ class FedSoftState:
 # The mathematics, as pure functions --------------------------------------------------------
 
 
-def importance_weights(losses: np.ndarray, sigma: float) -> np.ndarray:
+def importance_weights(losses: np.ndarray, sigma: float, hard: bool = False) -> np.ndarray:
     """u_s = max(n_s / n, sigma) (Alg. 1, estimation) from (S, n) per-sample losses: n_s
-    counts the samples whose lowest loss is under centre s (ties go to the lowest s)."""
+    counts the samples whose lowest loss is under centre s (ties go to the lowest s). `hard`:
+    1 on the centre of the largest n_s (ties: the lowest s), sigma on the others."""
     num_centres, n = losses.shape
     counts = np.bincount(np.argmin(losses, axis=0), minlength=num_centres)
+    if hard:
+        return hard_importance(np.array([np.argmax(counts)]), num_centres, sigma)[0]
     return np.maximum(counts / n, sigma)
 
 
@@ -189,6 +197,7 @@ class FedSoft:
     sigma: float = 1e-4                 # the smoother of Alg. 1, estimation (the authors': 1e-4)
     selection_size: int | None = None   # K per centre; None: every sampled client
     local_start: str = "personal"       # "personal" (the authors') or "anchor" (see above)
+    importance: str = "soft"            # "soft" (Alg. 1) or "hard" (see above)
     sees: ClassVar[frozenset[str]] = frozenset({"concept", "feature", "label"})
     toy_mixture_options: ClassVar[dict[str, Any] | None] = {"rounds": 8, "select_round": 4}
 
@@ -206,6 +215,9 @@ class FedSoft:
         if self.local_start not in LOCAL_STARTS:
             raise ValueError(f"local_start must be one of {', '.join(LOCAL_STARTS)}, "
                              f"got {self.local_start!r}")
+        if self.importance not in IMPORTANCES:
+            raise ValueError(f"importance must be one of {', '.join(IMPORTANCES)}, "
+                             f"got {self.importance!r}")
         if not 0 < self.sigma <= 1:
             raise ValueError(f"sigma must be in (0, 1]: it keeps every importance weight "
                              f"positive, got {self.sigma!r}")
@@ -338,7 +350,8 @@ class FedSoft:
         estimated = state.estimated.copy()
         for x in results:
             assert x.losses is not None
-            importance[x.client] = importance_weights(np.asarray(x.losses), self.sigma)
+            importance[x.client] = importance_weights(np.asarray(x.losses), self.sigma,
+                                                      hard=self.importance == "hard")
             estimated[x.client] = ctx.round
         state = replace(state, importance=importance, estimated=estimated)
         clients = [x.client for x in results]
