@@ -71,6 +71,34 @@ def test_cfl_splits_only_a_similarity_that_stays_separated():
     assert all("split" not in events for events in rounds(noise))
 
 
+def test_a_converged_clusters_zero_sum_updates_split_under_the_papers_rule_only():
+    """The over-splitting of cfl.md's "Fig. 8's structure at full data": inside a converged
+    cluster of m = 5 the updates are deviations that sum to zero, pairwise cosine about
+    -1/(m-1) = -0.25, mean update norm near 0. The paper's rule (rho 0.25, gamma_max 0.1)
+    splits it: every bipartition has alpha_cross_max < 0. The estimated rule does not: its
+    gamma_hat, read from the same similarities, equals the bound."""
+    rng = np.random.default_rng(0)
+    simplex = np.zeros((5, 40))
+    simplex[:, :5] = np.eye(5) - 0.2                     # rows sum to zero, cosines -0.25
+    spec = TrainSpec(lr=0.1, batch_size=10)
+
+    def events(options):
+        algo = build_algorithm({"name": "cfl", **options})
+        state = algo.init(Setup(5, np.zeros(40, np.float32), np.full(5, 10), 0))
+        seen = []
+        for rnd in range(12):
+            ups = simplex + 0.01 * rng.standard_normal(simplex.shape)
+            results = [ClientResult(c, TaskKind.TRAIN, 10, update=np.asarray(u, np.float32),
+                                    loss=1.0, meta={"leaf": 0}) for c, u in enumerate(ups)]
+            upd = algo.update(state, RoundContext(rnd, np.arange(5), spec), results)
+            state = upd.state
+            seen += [e["type"] for e in upd.events]
+        return seen
+
+    assert "split" in events({"acceptance": "fixed"})
+    assert "split" not in events({})
+
+
 def test_gradient_mode_splits_by_the_gradients_not_the_updates():
     """Updates group {0, 1} vs {2, 3}; full-batch gradients group {0, 2} vs {1, 3}. With
     similarity_from=gradients the split must follow the gradients."""
