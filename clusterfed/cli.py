@@ -100,14 +100,21 @@ def run(source: str | None, overrides: tuple[str, ...], out: str | None, data_di
     click.echo(f"run folder: {folder}")
 
 
+# Several runs at a time, each in its own process with its share of the cores.
+JOBS = click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+                    help="Runs at a time, each in its own process; a run that sets no "
+                    "run.threads gets cores / jobs threads.")
+
+
 @main.command()
 @click.argument("source")
 @click.argument("overrides", nargs=-1)
 @click.option("--algorithms", help="Comma-separated names (default: the preset's list).")
 @click.option("--out", help="Comparison folder (default runs/NAME-compare-TIME).")
 @click.option("--data-dir", help="Data root (default $CLUSTERFED_DATA or the user cache).")
+@JOBS
 def compare(source: str, overrides: tuple[str, ...], algorithms: str | None, out: str | None,
-            data_dir: str | None) -> None:
+            data_dir: str | None, jobs: int) -> None:
     """Run several algorithms on the same federation and tabulate them."""
     from clusterfed.experiments.compare import compare as run_compare
     from clusterfed.experiments.compare import format_table, table_rows
@@ -116,7 +123,7 @@ def compare(source: str, overrides: tuple[str, ...], algorithms: str | None, out
     name, config = _resolve(source, overrides, data_dir)
     folder = _out_dir(out, name, "compare")
     names = [a.strip() for a in algorithms.split(",") if a.strip()] if algorithms else None
-    comparison = run_compare(config, folder, names)
+    comparison = run_compare(config, folder, names, jobs=jobs)
     write_report(folder)
     click.echo(format_table(table_rows(comparison)))
     click.echo(f"report: {folder / 'report.md'}")
@@ -131,8 +138,9 @@ def compare(source: str, overrides: tuple[str, ...], algorithms: str | None, out
 @click.option("--list", "list_only", is_flag=True, help="Print the grid's points; run nothing.")
 @click.option("--finished", "finished_only", is_flag=True,
               help="Run nothing: tabulate the points finished so far in --out.")
+@JOBS
 def sweep(source: str, overrides: tuple[str, ...], out: str | None, data_dir: str | None,
-          list_only: bool, finished_only: bool) -> None:
+          list_only: bool, finished_only: bool, jobs: int) -> None:
     """Run one config per point of its `sweep` grid and tabulate them (the overrides apply to
     every point). Rerun into the same --out, a sweep continues where it was cut off."""
     from clusterfed.experiments.sweep import format_sweep_table, point_configs, run_sweep
@@ -146,7 +154,7 @@ def sweep(source: str, overrides: tuple[str, ...], out: str | None, data_dir: st
     if finished_only and out is None:
         raise click.UsageError("--finished reads a sweep folder: give its --out")
     folder = _out_dir(out, name, "sweep")
-    result = run_sweep(config, folder, finished_only=finished_only,
+    result = run_sweep(config, folder, finished_only=finished_only, jobs=jobs,
                        progress=lambda line: click.echo(line, err=True))
     click.echo(format_sweep_table(result))
     click.echo(f"table: {folder / 'table.md'}")
@@ -163,8 +171,10 @@ def sweep(source: str, overrides: tuple[str, ...], out: str | None, data_dir: st
 @click.option("--data-dir", help="Data root (default $CLUSTERFED_DATA or the user cache).")
 @click.option("--finished", is_flag=True, help="Run nothing: write the table of the runs "
               "finished so far, each row with its seeds.")
+@JOBS
 def reproduce(source: str, overrides: tuple[str, ...], algorithms: str | None,
-              seeds: str | None, out: str | None, data_dir: str | None, finished: bool) -> None:
+              seeds: str | None, out: str | None, data_dir: str | None, finished: bool,
+              jobs: int) -> None:
     """Run a paper preset over its seeds: mean ± std beside the paper's figures, a verdict."""
     from clusterfed.experiments import reproduce as rep
 
@@ -174,7 +184,7 @@ def reproduce(source: str, overrides: tuple[str, ...], algorithms: str | None,
     result = rep.reproduce(config, folder, names=_names(algorithms, []) or None,
                            seeds=seed_list, data_dir=data_dir,
                            progress=lambda line: click.echo(line, err=True),
-                           finished_only=finished)
+                           finished_only=finished, jobs=jobs)
     click.echo(rep.markdown(result), nl=False)
     click.echo(f"table: {folder / 'reproduce.md'}")
 

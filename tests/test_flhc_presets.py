@@ -142,8 +142,8 @@ def test_a_rerun_sweep_reads_finished_runs_back_and_runs_only_what_is_missing(tm
     lines: list[str] = []
     again = run_sweep(sweep_config(), tmp_path / "sweep", progress=lines.append)
     assert ran == ["points/001"]
-    assert lines == [f"point {i} of 2: algorithm.metric=cosine algorithm.linkage=average "
-                     f"algorithm.threshold={t}" for i, t in ((1, 1), (2, 4))]
+    assert lines == ["point 2 of 2: algorithm.metric=cosine algorithm.linkage=average "
+                     "algorithm.threshold=4"]   # a line as a run starts
     assert again["rows"] == first["rows"]
     # Another evaluation would read other rounds: the folder is refused, not reused.
     other = cfg.merge(sweep_config(), {"eval": {"target_accuracy": 0.9}})
@@ -154,13 +154,13 @@ def test_a_rerun_sweep_reads_finished_runs_back_and_runs_only_what_is_missing(tm
 def test_sweep_finished_tabulates_the_finished_points_and_runs_nothing(tmp_path, monkeypatch,
                                                                       capsys):
     import clusterfed.experiments.resumable as resumable
-    import clusterfed.experiments.sweep as sweep_module
+    import clusterfed.sim.simulation as simulation
 
     first = run_sweep(sweep_config(), tmp_path / "sweep")
     (tmp_path / "sweep" / "points" / "001" / "summary.json").unlink()   # still running
     monkeypatch.setattr(resumable, "run_config", lambda *a, **k: pytest.fail("ran"))
     monkeypatch.setattr(resumable, "resume_run", lambda *a, **k: pytest.fail("resumed"))
-    monkeypatch.setattr(sweep_module, "build_federation_for", lambda *a, **k: pytest.fail("built"))
+    monkeypatch.setattr(simulation, "build_federation_for", lambda *a, **k: pytest.fail("built"))
     ran = (tmp_path / "sweep" / "config.yaml").read_text()
     partial = run_sweep(cfg.merge(sweep_config(), {"run": {"threads": 2}}), tmp_path / "sweep",
                         finished_only=True)

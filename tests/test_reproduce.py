@@ -13,6 +13,7 @@ from clusterfed import config as cfg
 from clusterfed.errors import ConfigError
 from clusterfed.experiments import reproduce as rep
 from clusterfed.experiments import resumable
+from clusterfed.sim import simulation
 
 
 def test_verdict_compares_error_bars_by_hand():
@@ -136,7 +137,7 @@ def test_finished_tabulates_the_finished_runs_and_runs_nothing(capsys, tmp_path:
                        "local", "--out", str(tmp_path / "r"))
     assert code == 0, err
     monkeypatch.setattr(resumable, "run_config", lambda *a, **k: pytest.fail("ran"))
-    monkeypatch.setattr(rep, "build_federation_for", lambda *a, **k: pytest.fail("built"))
+    monkeypatch.setattr(simulation, "build_federation_for", lambda *a, **k: pytest.fail("built"))
     ran = (tmp_path / "r" / "config.yaml").read_text()
     code, out, err = cli(capsys, "reproduce", str(path), "--seeds", "0,1,2", "--out",
                          str(tmp_path / "r"), "--finished", "run.threads=2")

@@ -66,11 +66,11 @@ def run_config_of(config: Mapping[str, Any], section: Mapping[str, Any]) -> dict
 
 
 def compare(config: Mapping[str, Any], out_dir: str | Path, names: Sequence[str] | None = None,
-            *, data_dir: str | None = None) -> dict[str, Any]:
-    """Run each algorithm on the same federation (built once); write comparison.json."""
+            *, data_dir: str | None = None, jobs: int = 1) -> dict[str, Any]:
+    """Run each algorithm on the same federation; write comparison.json. `jobs`: runs at a
+    time, each in its own process (`run_jobs`)."""
     # Here, not at the top: the report reads comparisons without importing the simulator.
-    from clusterfed.experiments.resumable import IDENTITY_WITH_EVAL, run_or_resume
-    from clusterfed.sim.simulation import build_federation_for
+    from clusterfed.experiments.resumable import IDENTITY_WITH_EVAL, Job, run_jobs, threads_per_job
 
     out = Path(out_dir)
     sections = algorithm_sections(config, names)
@@ -78,12 +78,11 @@ def compare(config: Mapping[str, Any], out_dir: str | Path, names: Sequence[str]
     if len(set(labels)) != len(labels):
         raise ConfigError("compare lists an algorithm twice; give each run a distinct name "
                           "or label")
-    federation = build_federation_for(config, data_dir)
-    summaries = {}
     run_cfgs = [run_config_of(config, s) for s in sections]   # every entry checked first
-    for label, run_cfg in zip(labels, run_cfgs, strict=True):
-        summaries[label] = run_or_resume(run_cfg, out / label, federation, data_dir,
-                                         IDENTITY_WITH_EVAL)
+    done = run_jobs([Job(threads_per_job(run_cfg, jobs), out / label, IDENTITY_WITH_EVAL)
+                     for label, run_cfg in zip(labels, run_cfgs, strict=True)],
+                    data_dir, workers=jobs)
+    summaries = dict(zip(labels, done, strict=True))
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(cfg.dump(config))
     comparison = {"algorithms": labels, "summaries": summaries}

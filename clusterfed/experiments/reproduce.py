@@ -34,8 +34,7 @@ import numpy as np
 from clusterfed import config as cfg
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import algorithm_sections, run_config_of
-from clusterfed.experiments.resumable import run_or_resume
-from clusterfed.sim.simulation import build_federation_for
+from clusterfed.experiments.resumable import Job, run_jobs, threads_per_job
 
 REPRODUCE_KEYS = {"seeds", "algorithms", "paper", "paper_protocol"}
 PROTOCOLS = ("own", "cluster")
@@ -117,11 +116,12 @@ def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
               names: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
               data_dir: str | None = None,
               progress: Callable[[str], None] | None = None,
-              finished_only: bool = False) -> dict[str, Any]:
+              finished_only: bool = False, jobs: int = 1) -> dict[str, Any]:
     """Run every (algorithm, seed); write reproduce.json and reproduce.md; return the result.
 
     `finished_only`: run nothing; tabulate the finished runs (a long reproduction's table
-    while its other runs are still to come), each row over the seeds it has."""
+    while its other runs are still to come), each row over the seeds it has. `jobs`: runs at
+    a time, each in its own process (`run_jobs`)."""
     section = dict(config.get("reproduce", {}))
     check_reproduce(section)
     seed_list = list(seeds if seeds is not None else section.get("seeds", [0, 1, 2]))
@@ -130,26 +130,30 @@ def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
     measured: dict[str, list[dict[str, float]]] = {label: [] for label, _ in runs}
     seeds_of: dict[str, list[int]] = {label: [] for label, _ in runs}
     protocols: dict[str, str] = {}   # each run's eval.protocol (a compare entry may set its own)
+    planned: list[tuple[str, int, Job]] = []
     for seed in seed_list:
         seeded = cfg.merge(dict(config), {"seed": int(seed)})
-        # One federation per seed, built only when a run needs it.
-        federation = None if finished_only else build_federation_for(seeded, data_dir)
         for label, algorithm in runs:
             folder = out / label / f"seed-{seed}"
-            run_cfg = run_config_of(seeded, algorithm)
+            run_cfg = threads_per_job(run_config_of(seeded, algorithm), jobs)
             protocols[label] = str(run_cfg["eval"]["protocol"])
             if finished_only and not (folder / "summary.json").exists():
                 continue
-            summary = run_or_resume(run_cfg, folder, federation, data_dir)
-            measured[label].append(figures(summary))
-            seeds_of[label].append(int(seed))
-            if progress is not None:
-                f = measured[label][-1]
-                also = ("" if math.isnan(f["cluster"])
-                        else f", {f['cluster']:.2f} % (served model)")
-                progress(f"{label} seed {seed}: {f['own']:.2f} % ({protocols[label]} "
-                         f"protocol){also}, {int(f['clusters'])} clusters, "
-                         f"{f['seconds']:.0f} s")
+            planned.append((label, int(seed), Job(run_cfg, folder)))
+
+    def finished(i: int, summary: dict[str, Any]) -> None:
+        label, seed, _ = planned[i]
+        if progress is not None:
+            f = figures(summary)
+            also = "" if math.isnan(f["cluster"]) else f", {f['cluster']:.2f} % (served model)"
+            progress(f"{label} seed {seed}: {f['own']:.2f} % ({protocols[label]} "
+                     f"protocol){also}, {int(f['clusters'])} clusters, {f['seconds']:.0f} s")
+
+    summaries = run_jobs([job for _, _, job in planned], data_dir, workers=jobs,
+                         finished=finished)
+    for (label, seed, _), summary in zip(planned, summaries, strict=True):
+        measured[label].append(figures(summary))
+        seeds_of[label].append(seed)
     result = summarise(config, measured, seed_list, protocols, seeds_of)
     out.mkdir(parents=True, exist_ok=True)
     if not finished_only:   # the config that ran; a table of finished runs leaves it as it is

@@ -8,12 +8,17 @@ the rounds since the last checkpoint. A folder holding another config is refused
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from clusterfed import config as cfg
 from clusterfed.errors import ConfigError
 from clusterfed.run_folder import read_config
+from clusterfed.sim.processes import usable_cores
 from clusterfed.sim.simulation import resume_run, run_config
 
 # What makes two runs the same run. `eval` is left out: a reproduction may evaluate less often
@@ -29,9 +34,9 @@ def same_data(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
         k: v for k, v in b.items() if k != "root"}
 
 
-def run_or_resume(config: Mapping[str, Any], folder: Path, federation: Any,
-                  data_dir: str | None, identity: Sequence[str] = IDENTITY) -> dict[str, Any]:
-    """A finished run's summary, a cut-off one resumed, or a new run."""
+def check_folder(config: Mapping[str, Any], folder: Path,
+                 identity: Sequence[str] = IDENTITY) -> None:
+    """Refuse a folder that holds a run of another config."""
     if (folder / "config.yaml").exists():
         held = read_config(folder)
         differs = [k for k in identity if held.get(k) != config.get(k)
@@ -39,8 +44,119 @@ def run_or_resume(config: Mapping[str, Any], folder: Path, federation: Any,
         if differs:
             raise ConfigError(f"{folder} holds a run of another config ({', '.join(differs)} "
                               f"differ): choose another --out")
+
+
+def run_or_resume(config: Mapping[str, Any], folder: Path, federation: Any,
+                  data_dir: str | None, identity: Sequence[str] = IDENTITY) -> dict[str, Any]:
+    """A finished run's summary, a cut-off one resumed, or a new run."""
+    check_folder(config, folder, identity)
     if (folder / "summary.json").exists():
         return json.loads((folder / "summary.json").read_text())
     if (folder / "checkpoint.npz").exists():
         return resume_run(folder, data_dir=data_dir)
     return run_config(config, folder, federation=federation)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of a reproduction, sweep or comparison: its config, its folder, what makes a
+    finished run in that folder the same run."""
+    config: dict[str, Any]
+    folder: Path
+    identity: tuple[str, ...] = IDENTITY
+
+
+def threads_per_job(config: Mapping[str, Any], jobs: int) -> dict[str, Any]:
+    """The config with run.threads set to the job's share of the cores when it sets none:
+    two runs that each take every core run several times slower side by side."""
+    if jobs <= 1 or config["run"]["threads"]:
+        return dict(config)
+    return cfg.merge(dict(config), {"run": {"threads": max(1, usable_cores() // jobs)}})
+
+
+def run_jobs(jobs: Sequence[Job], data_dir: str | None, *, workers: int = 1,
+             started: Callable[[int], None] | None = None,
+             finished: Callable[[int, dict[str, Any]], None] | None = None
+             ) -> list[dict[str, Any]]:
+    """Every job's summary, in order; `workers` runs at a time in their own processes.
+
+    A finished run is read back without starting it. `started(i)` is called as job i starts,
+    `finished(i, summary)` as it ends. One worker runs the jobs here, one federation built per
+    (data, scenario, seed); several each build their own, as deterministic as this one. Every
+    folder is checked before any run starts; a run that fails in a worker ends the command
+    once the runs beside it have finished (none is cut short)."""
+    if not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"jobs must be a positive whole number, got {workers!r}")
+    for job in jobs:
+        check_folder(job.config, job.folder, job.identity)
+    summaries: list[dict[str, Any] | None] = [None] * len(jobs)
+    to_run = []
+    for i, job in enumerate(jobs):
+        if (job.folder / "summary.json").exists():
+            summaries[i] = run_or_resume(job.config, job.folder, None, data_dir, job.identity)
+            if finished is not None:
+                finished(i, summaries[i])
+        else:
+            to_run.append(i)
+    if workers == 1 or len(to_run) <= 1:
+        federations: dict[str, Any] = {}
+        for i in to_run:
+            if started is not None:
+                started(i)
+            summaries[i] = _run_job(jobs[i], data_dir, federations)
+            if finished is not None:
+                finished(i, summaries[i])
+    else:
+        _run_in_processes(jobs, to_run, data_dir, workers, summaries, started, finished)
+    return [s for s in summaries if s is not None]
+
+
+def _federation_key(config: Mapping[str, Any]) -> str:
+    return json.dumps([config["data"], config["scenario"], config["seed"]], sort_keys=True,
+                      default=str)
+
+
+def _run_job(job: Job, data_dir: str | None, federations: dict[str, Any]) -> dict[str, Any]:
+    from clusterfed.sim.simulation import build_federation_for
+
+    key = _federation_key(job.config)
+    if key not in federations and not (job.folder / "checkpoint.npz").exists():
+        federations[key] = build_federation_for(job.config, data_dir)
+    return run_or_resume(job.config, job.folder, federations.get(key), data_dir, job.identity)
+
+
+# A worker process's federations, kept between its jobs.
+_WORKER_FEDERATIONS: dict[str, Any] = {}
+
+
+def _worker_job(job: Job, data_dir: str | None) -> dict[str, Any]:
+    return _run_job(job, data_dir, _WORKER_FEDERATIONS)
+
+
+def _run_in_processes(jobs: Sequence[Job], to_run: list[int], data_dir: str | None,
+                      workers: int, summaries: list[dict[str, Any] | None],
+                      started: Callable[[int], None] | None,
+                      finished: Callable[[int, dict[str, Any]], None] | None) -> None:
+    """At most `workers` jobs at a time, each submitted as a worker frees up, so `started`
+    says when a run really starts. Spawned, not forked: torch's threads do not survive a fork."""
+    waiting = list(to_run)
+    running: dict[Future[dict[str, Any]], int] = {}
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+        try:
+            while waiting or running:
+                while waiting and len(running) < workers:
+                    i = waiting.pop(0)
+                    if started is not None:
+                        started(i)
+                    running[pool.submit(_worker_job, jobs[i], data_dir)] = i
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    i = running.pop(future)
+                    summaries[i] = future.result()   # a run's error ends the command here
+                    if finished is not None:
+                        finished(i, summaries[i])
+        except BaseException:
+            # No new run starts; those going finish (on Ctrl-C they stop too, at their last
+            # checkpoint, which a rerun resumes).
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise

@@ -39,9 +39,8 @@ from typing import Any
 
 from clusterfed import config as cfg
 from clusterfed.errors import ConfigError
-from clusterfed.experiments.resumable import IDENTITY_WITH_EVAL, run_or_resume
+from clusterfed.experiments.resumable import IDENTITY_WITH_EVAL, Job, run_jobs, threads_per_job
 from clusterfed.run_folder import read_jsonl
-from clusterfed.sim.simulation import build_federation_for
 
 SWEEP_KEYS = {"grid", "cases", "baseline", "rounds", "labels", "best_over"}
 
@@ -125,61 +124,53 @@ def figures_at(records: Sequence[Mapping[str, Any]], rnd: int) -> dict[str, floa
 
 
 def run_sweep(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: str | None = None,
-              finished_only: bool = False,
+              finished_only: bool = False, jobs: int = 1,
               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run every point (and its baseline) into out_dir; write sweep.json and table.md.
 
     `finished_only`: run nothing; tabulate the points whose runs have finished (a long
-    sweep's table so far), listing the others as still to run. `progress` receives a line
-    as each point starts."""
+    sweep's table so far), listing the others as still to run. `jobs`: runs at a time, each
+    in its own process (`run_jobs`). `progress` receives a line as each run starts."""
     out = Path(out_dir)
     sweep = config["sweep"]
     points = point_configs(config)
     rules = dict(sweep.get("rounds") or {"last": "last"})
     baseline_patch = patch_of(sweep.get("baseline") or {})
-    federations: dict[str, Any] = {}
     baselines: dict[str, str] = {}     # baseline config -> its folder, numbered in point order
-    records_of: dict[str, list[dict[str, Any]] | None] = {}
-    rows, missing = [], []
-    out.mkdir(parents=True, exist_ok=True)
-
-    def records(run_cfg: Mapping[str, Any], folder: str) -> list[dict[str, Any]] | None:
-        """A run's per-round records: a finished run's read back (after checking it is this
-        config's), else run or resumed; None for an unfinished one when finished_only."""
-        if folder not in records_of:
-            finished = (out / folder / "summary.json").exists()
-            if finished_only and not finished:
-                records_of[folder] = None
-                return None
-            federation = None
-            if not finished:
-                fed_key = json.dumps([run_cfg["data"], run_cfg["scenario"], run_cfg["seed"]],
-                                     sort_keys=True, default=str)
-                if fed_key not in federations:   # points on one federation build it once
-                    federations[fed_key] = build_federation_for(run_cfg, data_dir)
-                federation = federations[fed_key]
-            run_or_resume(run_cfg, out / folder, federation, data_dir, IDENTITY_WITH_EVAL)
-            records_of[folder] = read_jsonl(out / folder / "metrics.jsonl")
-        return records_of[folder]
-
+    runs: dict[str, Job] = {}          # folder -> its run, each once, in point order
+    what: dict[str, str] = {}          # folder -> the progress line of its start
+    baseline_of: list[str | None] = []
     for i, (values, run_cfg) in enumerate(points):
-        row: dict[str, Any] = {"values": values, "run": f"points/{i:03d}"}
-        baseline = None   # (its config, its folder), numbered before a point is skipped
+        folder = f"points/{i:03d}"
+        runs[folder] = Job(threads_per_job(run_cfg, jobs), out / folder, IDENTITY_WITH_EVAL)
+        what[folder] = f"point {i + 1} of {len(points)}: " + " ".join(
+            f"{k}={v}" for k, v in values.items())
+        base = None
         if baseline_patch:
             base_cfg = cfg.resolve(cfg.merge(run_cfg, baseline_patch))
-            baseline = (base_cfg, baselines.setdefault(cfg.dump(base_cfg),
-                                                        f"baselines/{len(baselines):03d}"))
-        if progress is not None and not finished_only:
-            progress(f"point {i + 1} of {len(points)}: "
-                     + " ".join(f"{k}={v}" for k, v in values.items()))
-        point_records = records(run_cfg, row["run"])
+            base = baselines.setdefault(cfg.dump(base_cfg), f"baselines/{len(baselines):03d}")
+            if base not in runs:
+                runs[base] = Job(threads_per_job(base_cfg, jobs), out / base,
+                                 IDENTITY_WITH_EVAL)
+                what[base] = f"baseline {base.split('/')[1]} (point {i + 1})"
+        baseline_of.append(base)
+    out.mkdir(parents=True, exist_ok=True)
+    folders = [f for f in runs if not finished_only or (out / f / "summary.json").exists()]
+    run_jobs([runs[f] for f in folders], data_dir, workers=jobs,
+             started=None if progress is None else lambda i: progress(what[folders[i]]))
+    records_of = {f: read_jsonl(out / f / "metrics.jsonl") for f in folders}
+
+    rows, missing = [], []
+    for i, (values, run_cfg) in enumerate(points):
+        row: dict[str, Any] = {"values": values, "run": f"points/{i:03d}"}
+        point_records = records_of.get(row["run"])
         if point_records is None:
             missing.append(values)
             continue
         base_records = None
-        if baseline is not None:
-            row["baseline"] = baseline[1]
-            base_records = records(*baseline)
+        if baseline_of[i] is not None:
+            row["baseline"] = baseline_of[i]
+            base_records = records_of.get(baseline_of[i])
         row["columns"] = {}
         for label, rule in rules.items():
             rnd = round_of(rule, run_cfg)
