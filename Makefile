@@ -47,7 +47,7 @@ bench: $(VENV)/.installed-test
 # Every clustered method at its defaults, methods x scenarios x seeds (docs/benchmark.md).
 # The quick matrix (digits, minutes) exits 1 if a method misses a claim; CI runs it.
 bench-quick: $(VENV)/.installed
-	$(BIN)/clusterfed benchmark --quick --check --out runs/benchmark-quick run.threads=1
+	$(BIN)/clusterfed benchmark --quick --check --jobs 2 --out runs/benchmark-quick run.threads=1
 
 benchmark: $(VENV)/.installed
 	$(BIN)/clusterfed benchmark --out runs/benchmark run.threads=1

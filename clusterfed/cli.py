@@ -213,9 +213,10 @@ def _seeds(option: str | None, default: Sequence[int]) -> list[int]:
               "existing one resumes: finished cells are kept.")
 @click.option("--data-dir", help="Data root (default $CLUSTERFED_DATA or the user cache).")
 @click.option("--check", is_flag=True, help="Exit 1 if a method misses a claim.")
+@JOBS
 def benchmark(overrides: tuple[str, ...], quick: bool, datasets: str | None,
               scenarios: str | None, methods: str | None, seeds: str | None, out: str | None,
-              data_dir: str | None, check: bool) -> None:
+              data_dir: str | None, check: bool, jobs: int) -> None:
     """Methods x scenarios x seeds with every method at its defaults: ARI, clusters, accuracy.
 
     OVERRIDES (key=value) apply to every cell, e.g. run.threads=1."""
@@ -228,7 +229,7 @@ def benchmark(overrides: tuple[str, ...], quick: bool, datasets: str | None,
         folder, datasets=_names(datasets, matrix["datasets"]),
         scenarios=_names(scenarios, matrix["scenarios"]),
         methods=_names(methods, matrix["methods"]), seeds=seed_list, overrides=overrides,
-        data_dir=data_dir, progress=lambda line: click.echo(line, err=True))
+        data_dir=data_dir, progress=lambda line: click.echo(line, err=True), jobs=jobs)
     given = [("--quick", quick), ("--datasets", datasets), ("--scenarios", scenarios),
              ("--methods", methods), ("--seeds", seeds)]
     command = " ".join(["clusterfed benchmark", *overrides,

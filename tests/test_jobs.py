@@ -102,3 +102,21 @@ def test_the_command_line_takes_jobs(capsys, tmp_path: Path):
     assert "| fedavg |" in out and "| local |" in out
     code, _, err = cli(capsys, "reproduce", str(path), "--jobs", "0")
     assert code != 0 and "--jobs" in err
+
+
+def test_benchmark_cells_in_two_processes_equal_one_at_a_time(tmp_path: Path):
+    from clusterfed.experiments import benchmark as bench
+
+    def run(out: str, jobs: int) -> list:
+        rows = bench.run_benchmark(tmp_path / out, datasets=["digits"],
+                                   scenarios=["iid", "label_swap"], methods=["cfl", "ifca"],
+                                   seeds=[0], overrides=["train.rounds=2", "run.threads=1"],
+                                   jobs=jobs)
+        return sorted(repr({k: v for k, v in r.items() if k != "seconds"}) for r in rows)
+
+    assert run("b2", 2) == run("b1", 1)
+    written = (tmp_path / "b2" / "results.jsonl").read_text().splitlines()
+    assert len(written) == 4   # each cell appended as it finished
+    with pytest.raises(ConfigError, match="jobs"):
+        bench.run_benchmark(tmp_path / "b3", datasets=["digits"], scenarios=["iid"],
+                            methods=["cfl"], seeds=[0], jobs=0)

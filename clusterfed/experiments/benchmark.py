@@ -39,6 +39,7 @@ from clusterfed import config as cfg
 from clusterfed.algorithms import ALGORITHMS
 from clusterfed.clustering.metrics import has_truth
 from clusterfed.errors import ConfigError
+from clusterfed.experiments.parallel import in_processes
 
 ARI_BAR = 0.95
 SHIFTS = ("concept", "feature", "label")
@@ -148,17 +149,20 @@ def _check(names: Iterable[str], known: Iterable[str], what: str) -> list[str]:
 def run_benchmark(out: str | Path, *, datasets: Sequence[str], scenarios: Sequence[str],
                   methods: Sequence[str], seeds: Sequence[int], overrides: Sequence[str] = (),
                   data_dir: str | None = None,
-                  progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+                  progress: Callable[[str], None] | None = None,
+                  jobs: int = 1) -> list[dict[str, Any]]:
     """Run every missing cell, appending each result to out/results.jsonl; return all rows.
 
-    The federation of (dataset, scenario, seed) is built once and shared by the methods.
-    """
-    from clusterfed.sim.simulation import build_federation_for, run_config
+    The federation of (dataset, scenario, seed) is built once and shared by the methods (per
+    worker process with `jobs` > 1: cells then run `jobs` at a time, `in_processes`)."""
+    from clusterfed.experiments.resumable import threads_per_job
 
     _check(datasets, DATASETS, "dataset")
     _check(scenarios, SCENARIOS, "scenario")
     for m in methods:
         ALGORITHMS.get(m)
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ConfigError(f"jobs must be a positive whole number, got {jobs!r}")
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "results.jsonl"
@@ -168,36 +172,59 @@ def run_benchmark(out: str | Path, *, datasets: Sequence[str], scenarios: Sequen
     total = len(datasets) * len(scenarios) * len(seeds) * len(methods)
     count = len(done & {_key(d, s, e, m) for d in datasets for s in scenarios for e in seeds
                         for m in methods})
-    for dataset in datasets:
-        for scenario in scenarios:
-            for seed in seeds:
-                todo = [m for m in methods if _key(dataset, scenario, seed, m) not in done]
-                if not todo:
-                    continue
-                federation = build_federation_for(
-                    cell_config(dataset, scenario, seed, todo[0], [*overrides, *extra]), None)
-                require_truth(federation.true_clusters, f"{dataset}/{scenario}/{seed}")
-                for method in todo:
-                    config = cell_config(dataset, scenario, seed, method, [*overrides, *extra])
-                    start = time.perf_counter()
-                    summary = run_config(config, None, federation=federation)
-                    row = {"dataset": dataset, "scenario": scenario, "seed": seed,
-                           "method": method, "ari": summary["clustering"]["ari"],
-                           "clusters": summary["clustering"]["n_clusters"],
-                           "accuracy": summary["final"]["mean_accuracy"],
-                           "seconds": round(time.perf_counter() - start, 2)}
-                    second = summary["clustering"].get("groupings")
-                    if second:   # a second true grouping (a corruption, noisy labels)
-                        row["ari_vs"] = {name: g["ari"] for name, g in second.items()}
-                    with path.open("a") as f:
-                        f.write(json.dumps(row) + "\n")
-                    rows.append(row)
-                    count += 1
-                    if progress:
-                        progress(f"[{count}/{total}] {_key(dataset, scenario, seed, method)}: "
-                                 f"ARI {row['ari']:.3f}, {row['clusters']} clusters, "
-                                 f"accuracy {row['accuracy']:.4f}, {row['seconds']:.1f} s")
+    cells = [(_key(d, s, e, m), threads_per_job(cell_config(d, s, e, m, [*overrides, *extra]),
+                                                jobs))
+             for d in datasets for s in scenarios for e in seeds for m in methods
+             if _key(d, s, e, m) not in done]
+
+    def record(i: int, row: dict[str, Any]) -> None:
+        nonlocal count
+        with path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        rows.append(row)
+        count += 1
+        if progress:
+            progress(f"[{count}/{total}] {cells[i][0]}: ARI {row['ari']:.3f}, "
+                     f"{row['clusters']} clusters, accuracy {row['accuracy']:.4f}, "
+                     f"{row['seconds']:.1f} s")
+
+    if jobs == 1:
+        federations: dict[str, Any] = {}
+        for i, (key, config) in enumerate(cells):
+            record(i, _cell_row(key, config, federations))
+    else:
+        in_processes(_worker_cell, cells, jobs, finished=record)
     return rows
+
+
+# A worker process's federations, kept between its cells.
+_WORKER_FEDERATIONS: dict[str, Any] = {}
+
+
+def _worker_cell(key: str, config: dict[str, Any]) -> dict[str, Any]:
+    return _cell_row(key, config, _WORKER_FEDERATIONS)
+
+
+def _cell_row(key: str, config: Mapping[str, Any], federations: dict[str, Any]
+              ) -> dict[str, Any]:
+    """One cell's row; its federation built once per (dataset, scenario, seed)."""
+    from clusterfed.sim.simulation import build_federation_for, run_config
+
+    dataset, scenario, seed, method = key.split("/")
+    fed_key = f"{dataset}/{scenario}/{seed}"
+    if fed_key not in federations:
+        federations[fed_key] = build_federation_for(config, None)
+        require_truth(federations[fed_key].true_clusters, fed_key)
+    start = time.perf_counter()
+    summary = run_config(config, None, federation=federations[fed_key])
+    row = {"dataset": dataset, "scenario": scenario, "seed": int(seed), "method": method,
+           "ari": summary["clustering"]["ari"], "clusters": summary["clustering"]["n_clusters"],
+           "accuracy": summary["final"]["mean_accuracy"],
+           "seconds": round(time.perf_counter() - start, 2)}
+    second = summary["clustering"].get("groupings")
+    if second:   # a second true grouping (a corruption, noisy labels)
+        row["ari_vs"] = {name: g["ari"] for name, g in second.items()}
+    return row
 
 
 def require_truth(true_clusters: np.ndarray, cell: str) -> None:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 from clusterfed import config as cfg
 from clusterfed.errors import ConfigError
+from clusterfed.experiments.parallel import in_processes
 from clusterfed.run_folder import read_config
 from clusterfed.sim.processes import usable_cores
 from clusterfed.sim.simulation import resume_run, run_config
@@ -107,7 +106,12 @@ def run_jobs(jobs: Sequence[Job], data_dir: str | None, *, workers: int = 1,
             if finished is not None:
                 finished(i, summaries[i])
     else:
-        _run_in_processes(jobs, to_run, data_dir, workers, summaries, started, finished)
+        done = in_processes(_worker_job, [(jobs[i], data_dir) for i in to_run], workers,
+                            started=None if started is None else lambda k: started(to_run[k]),
+                            finished=None if finished is None
+                            else lambda k, summary: finished(to_run[k], summary))
+        for i, summary in zip(to_run, done, strict=True):
+            summaries[i] = summary
     return [s for s in summaries if s is not None]
 
 
@@ -131,32 +135,3 @@ _WORKER_FEDERATIONS: dict[str, Any] = {}
 
 def _worker_job(job: Job, data_dir: str | None) -> dict[str, Any]:
     return _run_job(job, data_dir, _WORKER_FEDERATIONS)
-
-
-def _run_in_processes(jobs: Sequence[Job], to_run: list[int], data_dir: str | None,
-                      workers: int, summaries: list[dict[str, Any] | None],
-                      started: Callable[[int], None] | None,
-                      finished: Callable[[int, dict[str, Any]], None] | None) -> None:
-    """At most `workers` jobs at a time, each submitted as a worker frees up, so `started`
-    says when a run really starts. Spawned, not forked: torch's threads do not survive a fork."""
-    waiting = list(to_run)
-    running: dict[Future[dict[str, Any]], int] = {}
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        try:
-            while waiting or running:
-                while waiting and len(running) < workers:
-                    i = waiting.pop(0)
-                    if started is not None:
-                        started(i)
-                    running[pool.submit(_worker_job, jobs[i], data_dir)] = i
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in done:
-                    i = running.pop(future)
-                    summaries[i] = future.result()   # a run's error ends the command here
-                    if finished is not None:
-                        finished(i, summaries[i])
-        except BaseException:
-            # No new run starts; those going finish (on Ctrl-C they stop too, at their last
-            # checkpoint, which a rerun resumes).
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
