@@ -312,6 +312,11 @@ def test_pairings_cut_every_pairing_from_one_run_and_train_only_distinct_partiti
     assert not (cut_off / "summary.json").exists()
     missing = [r for r in partial["rows"] if "r50" not in r]
     assert missing and len(missing) < len(partial["rows"])
+    # Two runs at a time train the same partitions to the same figures.
+    both = fp.run_pairings(config, tmp_path / "two", train=True, baseline=True,
+                           taus=(2.0, 4.0), mode="clusters", jobs=2)
+    assert [r.get("r50") for r in both["rows"]] == [r["r50"] for r in rows]
+    assert both["baseline"] == result["baseline"]
 
 
 def test_best_cuts_find_the_truth_in_each_tree_and_the_taus_that_cut_there():

@@ -26,7 +26,7 @@ from clusterfed.clustering import hierarchical as hc
 from clusterfed.clustering.metrics import clustering_scores, has_truth
 from clusterfed.clustering.precomputed import first_appearance_labels
 from clusterfed.errors import ConfigError
-from clusterfed.experiments.resumable import run_or_resume
+from clusterfed.experiments.resumable import Job, run_jobs, run_or_resume, threads_per_job
 from clusterfed.experiments.sweep import figures_at, round_of
 from clusterfed.run_folder import read_jsonl
 from clusterfed.sim.simulation import build_federation_for
@@ -164,9 +164,10 @@ def markdown(result: Mapping[str, Any]) -> str:
 def run_pairings(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: str | None = None,
                  train: bool = False, baseline: bool = False,
                  taus: Sequence[float] = MEDIAN_TAUS, mode: str = "median",
-                 finished_only: bool = False) -> dict[str, Any]:
+                 finished_only: bool = False, jobs: int = 1) -> dict[str, Any]:
     """The probe run, every pairing's cut, and (with `train`) each distinct partition's run.
-    `finished_only`: run nothing, read back the runs finished so far (the probe must be)."""
+    `finished_only`: run nothing, read back the runs finished so far (the probe must be).
+    `jobs`: partition and baseline runs at a time, each in its own process (`run_jobs`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = cfg.resolve(config)
@@ -189,6 +190,7 @@ def run_pairings(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: st
     records: dict[tuple[int, ...], list[dict[str, Any]]] = {}
     probe_labels = tuple(first_appearance_labels(np.asarray(event["labels"])).tolist())
     records[probe_labels] = read_jsonl(out / "probe" / "metrics.jsonl")
+    after: list[tuple[tuple[int, ...] | None, Job]] = []   # (partition or None: baseline, run)
     if train or finished_only:
         for i, labels in enumerate(partitions):
             if labels in records:
@@ -197,10 +199,23 @@ def run_pairings(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: st
             folder = out / "partitions" / f"{i:03d}"
             if finished_only and not (folder / "summary.json").exists():
                 continue
-            print(f"partition {i + 1}/{len(partitions)}: {max(labels) + 1} clusters -> {folder}",
-                  flush=True)
-            run_or_resume(run_cfg, folder, federation, data_dir)
-            records[labels] = read_jsonl(folder / "metrics.jsonl")
+            after.append((labels, Job(threads_per_job(run_cfg, jobs), folder)))
+    if baseline and not (finished_only and not (out / "baseline" / "summary.json").exists()):
+        base_cfg = cfg.resolve(cfg.merge(config, {"algorithm": {"name": "fedavg"}}))
+        after.append((None, Job(threads_per_job(base_cfg, jobs), out / "baseline")))
+
+    def started(k: int) -> None:
+        labels, job = after[k]
+        what = "FedAvg" if labels is None else f"{max(labels) + 1} clusters"
+        print(f"run {k + 1}/{len(after)}: {what} -> {job.folder}", flush=True)
+
+    run_jobs([job for _, job in after], data_dir, workers=jobs, started=started)
+    base = None
+    for labels, job in after:
+        if labels is None:
+            base = read_jsonl(job.folder / "metrics.jsonl")
+        else:
+            records[labels] = read_jsonl(job.folder / "metrics.jsonl")
     for row in rows:
         got = records.get(tuple(row["labels"]))
         if got is not None:
@@ -219,10 +234,7 @@ def run_pairings(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: st
             if got is not None:
                 cut["r50"] = figures_at(got, columns["r50"])
         result["best_cuts"] = cuts
-    if baseline and not (finished_only and not (out / "baseline" / "summary.json").exists()):
-        base_cfg = cfg.resolve(cfg.merge(config, {"algorithm": {"name": "fedavg"}}))
-        run_or_resume(base_cfg, out / "baseline", federation, data_dir)
-        base = read_jsonl(out / "baseline" / "metrics.jsonl")
+    if base is not None:
         result["baseline"] = {label: figures_at(base, rnd) for label, rnd in columns.items()}
     (out / "pairings.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "table.md").write_text(markdown(result) + "\n")
@@ -240,10 +252,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--baseline", action="store_true", help="also run FedAvg")
     parser.add_argument("--finished", action="store_true",
                         help="run nothing: the tables of the runs finished so far")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="partition runs at a time, each in its own process")
     args = parser.parse_args(argv)
     config = cfg.resolve(args.source, args.overrides)
     result = run_pairings(config, args.out, data_dir=args.data_dir, train=args.train,
-                          baseline=args.baseline, finished_only=args.finished)
+                          baseline=args.baseline, finished_only=args.finished, jobs=args.jobs)
     print(markdown(result))
 
 
