@@ -29,10 +29,9 @@ def _resolve(source: str, overrides: Sequence[str], data_dir: str | None) -> tup
 def _refuse_cut_off(folder: Path, overwrite: bool, command: str) -> None:
     """Starting over deletes a cut-off run's checkpoint (hours of rounds, perhaps): only on
     --overwrite."""
-    from clusterfed.run_folder import CHECKPOINT, FolderBusy, busy_message, writer
+    from clusterfed.run_folder import CHECKPOINT, refuse_busy
 
-    if writer(folder) is not None:
-        raise FolderBusy(busy_message(folder))
+    refuse_busy(folder)
     if (folder / CHECKPOINT).exists() and not (folder / "summary.json").exists() \
             and not overwrite:
         raise ClusterfedError(f"{folder} holds a run cut off before its end: continue it with "

@@ -46,7 +46,7 @@ class RunFolder:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise FolderBusy(busy_message(self.path)) from None
+                raise FolderBusy(busy_message(self.path, writer(self.path))) from None
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())
             yield
@@ -102,11 +102,17 @@ def writer(path: Path) -> int | None:
         os.close(fd)
 
 
-def busy_message(path: Path) -> str:
-    pid = writer(path)
+def busy_message(path: Path, pid: int | None) -> str:
     who = f"process {pid}" if pid and pid > 0 else "another process"
     return (f"{path} is being written by {who}, a run still going: wait for it, or stop it "
             f"and continue it with --resume")
+
+
+def refuse_busy(path: Path) -> None:
+    """Refuse a folder another process is writing, before anything touches it."""
+    pid = writer(path)
+    if pid is not None:
+        raise FolderBusy(busy_message(path, pid))
 
 
 def read_config(run_dir: Path) -> dict[str, Any]:

@@ -120,3 +120,20 @@ def test_benchmark_cells_in_two_processes_equal_one_at_a_time(tmp_path: Path):
     with pytest.raises(ConfigError, match="jobs"):
         bench.run_benchmark(tmp_path / "b3", datasets=["digits"], scenarios=["iid"],
                             methods=["cfl"], seeds=[0], jobs=0)
+
+
+def test_a_process_keeps_only_the_latest_federation():
+    """Runs come grouped by (data, scenario, seed): the last one is reused, an earlier one is
+    let go rather than held for the whole command."""
+    from clusterfed.experiments.parallel import LatestFederation
+
+    a = tiny_config("fedavg")
+    b = cfg.merge(a, {"seed": 1})
+    cache = LatestFederation()
+    first = cache.get(a, None)
+    assert cache.get(cfg.merge(a, {"algorithm": {"name": "local"}}), None) is first
+    other = cache.get(b, None)
+    assert other is not first and cache.get(b, None) is other
+    assert cache.get(a, None) is not first          # rebuilt: the first was not kept
+    cache.hold(b, "built elsewhere")
+    assert cache.get(b, None) == "built elsewhere"

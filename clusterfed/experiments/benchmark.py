@@ -39,7 +39,12 @@ from clusterfed import config as cfg
 from clusterfed.algorithms import ALGORITHMS
 from clusterfed.clustering.metrics import has_truth
 from clusterfed.errors import ConfigError
-from clusterfed.experiments.parallel import in_processes
+from clusterfed.experiments.parallel import (
+    WORKER_FEDERATION,
+    LatestFederation,
+    check_jobs,
+    in_processes,
+)
 
 ARI_BAR = 0.95
 SHIFTS = ("concept", "feature", "label")
@@ -161,8 +166,7 @@ def run_benchmark(out: str | Path, *, datasets: Sequence[str], scenarios: Sequen
     _check(scenarios, SCENARIOS, "scenario")
     for m in methods:
         ALGORITHMS.get(m)
-    if not isinstance(jobs, int) or jobs < 1:
-        raise ConfigError(f"jobs must be a positive whole number, got {jobs!r}")
+    check_jobs(jobs)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "results.jsonl"
@@ -172,8 +176,7 @@ def run_benchmark(out: str | Path, *, datasets: Sequence[str], scenarios: Sequen
     total = len(datasets) * len(scenarios) * len(seeds) * len(methods)
     count = len(done & {_key(d, s, e, m) for d in datasets for s in scenarios for e in seeds
                         for m in methods})
-    cells = [(_key(d, s, e, m), threads_per_job(cell_config(d, s, e, m, [*overrides, *extra]),
-                                                jobs))
+    cells = [((d, s, e, m), threads_per_job(cell_config(d, s, e, m, [*overrides, *extra]), jobs))
              for d in datasets for s in scenarios for e in seeds for m in methods
              if _key(d, s, e, m) not in done]
 
@@ -184,40 +187,34 @@ def run_benchmark(out: str | Path, *, datasets: Sequence[str], scenarios: Sequen
         rows.append(row)
         count += 1
         if progress:
-            progress(f"[{count}/{total}] {cells[i][0]}: ARI {row['ari']:.3f}, "
+            progress(f"[{count}/{total}] {_key(*cells[i][0])}: ARI {row['ari']:.3f}, "
                      f"{row['clusters']} clusters, accuracy {row['accuracy']:.4f}, "
                      f"{row['seconds']:.1f} s")
 
     if jobs == 1:
-        federations: dict[str, Any] = {}
-        for i, (key, config) in enumerate(cells):
-            record(i, _cell_row(key, config, federations))
+        federations = LatestFederation()
+        for i, (cell, config) in enumerate(cells):
+            record(i, _cell_row(cell, config, federations))
     else:
         in_processes(_worker_cell, cells, jobs, finished=record)
     return rows
 
 
-# A worker process's federations, kept between its cells.
-_WORKER_FEDERATIONS: dict[str, Any] = {}
+def _worker_cell(cell: tuple[str, str, int, str], config: dict[str, Any]) -> dict[str, Any]:
+    return _cell_row(cell, config, WORKER_FEDERATION)
 
 
-def _worker_cell(key: str, config: dict[str, Any]) -> dict[str, Any]:
-    return _cell_row(key, config, _WORKER_FEDERATIONS)
+def _cell_row(cell: tuple[str, str, int, str], config: Mapping[str, Any],
+              federations: LatestFederation) -> dict[str, Any]:
+    """One cell's row; the methods of a (dataset, scenario, seed) share its federation."""
+    from clusterfed.sim.simulation import run_config
 
-
-def _cell_row(key: str, config: Mapping[str, Any], federations: dict[str, Any]
-              ) -> dict[str, Any]:
-    """One cell's row; its federation built once per (dataset, scenario, seed)."""
-    from clusterfed.sim.simulation import build_federation_for, run_config
-
-    dataset, scenario, seed, method = key.split("/")
-    fed_key = f"{dataset}/{scenario}/{seed}"
-    if fed_key not in federations:
-        federations[fed_key] = build_federation_for(config, None)
-        require_truth(federations[fed_key].true_clusters, fed_key)
+    dataset, scenario, seed, method = cell
+    federation = federations.get(config, None)
+    require_truth(federation.true_clusters, f"{dataset}/{scenario}/{seed}")
     start = time.perf_counter()
-    summary = run_config(config, None, federation=federations[fed_key])
-    row = {"dataset": dataset, "scenario": scenario, "seed": int(seed), "method": method,
+    summary = run_config(config, None, federation=federation)
+    row = {"dataset": dataset, "scenario": scenario, "seed": seed, "method": method,
            "ari": summary["clustering"]["ari"], "clusters": summary["clustering"]["n_clusters"],
            "accuracy": summary["final"]["mean_accuracy"],
            "seconds": round(time.perf_counter() - start, 2)}

@@ -15,7 +15,12 @@ from typing import Any
 
 from clusterfed import config as cfg
 from clusterfed.errors import ConfigError
-from clusterfed.experiments.parallel import in_processes
+from clusterfed.experiments.parallel import (
+    WORKER_FEDERATION,
+    LatestFederation,
+    check_jobs,
+    in_processes,
+)
 from clusterfed.run_folder import read_config
 from clusterfed.sim.processes import usable_cores
 from clusterfed.sim.simulation import resume_run, run_config
@@ -75,17 +80,17 @@ def threads_per_job(config: Mapping[str, Any], jobs: int) -> dict[str, Any]:
 
 def run_jobs(jobs: Sequence[Job], data_dir: str | None, *, workers: int = 1,
              started: Callable[[int], None] | None = None,
-             finished: Callable[[int, dict[str, Any]], None] | None = None
-             ) -> list[dict[str, Any]]:
+             finished: Callable[[int, dict[str, Any]], None] | None = None,
+             federations: LatestFederation | None = None) -> list[dict[str, Any]]:
     """Every job's summary, in order; `workers` runs at a time in their own processes.
 
     A finished run is read back without starting it. `started(i)` is called as job i starts,
-    `finished(i, summary)` as it ends. One worker runs the jobs here, one federation built per
-    (data, scenario, seed); several each build their own, as deterministic as this one. Every
-    folder is checked before any run starts; a run that fails in a worker ends the command
-    once the runs beside it have finished (none is cut short)."""
-    if not isinstance(workers, int) or workers < 1:
-        raise ConfigError(f"jobs must be a positive whole number, got {workers!r}")
+    `finished(i, summary)` as it ends. One worker runs the jobs here, consecutive jobs on one
+    (data, scenario, seed) sharing its federation (`federations`, if given, may already hold
+    one); several each build their own, as deterministic as this one. Every folder is checked
+    before any run starts; a run that fails in a worker ends the command once the runs beside
+    it have finished (none is cut short)."""
+    check_jobs(workers)
     for job in jobs:
         check_folder(job.config, job.folder, job.identity)
     summaries: list[dict[str, Any] | None] = [None] * len(jobs)
@@ -98,7 +103,7 @@ def run_jobs(jobs: Sequence[Job], data_dir: str | None, *, workers: int = 1,
         else:
             to_run.append(i)
     if workers == 1 or len(to_run) <= 1:
-        federations: dict[str, Any] = {}
+        federations = federations or LatestFederation()
         for i in to_run:
             if started is not None:
                 started(i)
@@ -115,23 +120,12 @@ def run_jobs(jobs: Sequence[Job], data_dir: str | None, *, workers: int = 1,
     return [s for s in summaries if s is not None]
 
 
-def _federation_key(config: Mapping[str, Any]) -> str:
-    return json.dumps([config["data"], config["scenario"], config["seed"]], sort_keys=True,
-                      default=str)
-
-
-def _run_job(job: Job, data_dir: str | None, federations: dict[str, Any]) -> dict[str, Any]:
-    from clusterfed.sim.simulation import build_federation_for
-
-    key = _federation_key(job.config)
-    if key not in federations and not (job.folder / "checkpoint.npz").exists():
-        federations[key] = build_federation_for(job.config, data_dir)
-    return run_or_resume(job.config, job.folder, federations.get(key), data_dir, job.identity)
-
-
-# A worker process's federations, kept between its jobs.
-_WORKER_FEDERATIONS: dict[str, Any] = {}
+def _run_job(job: Job, data_dir: str | None, federations: LatestFederation) -> dict[str, Any]:
+    # A cut-off run resumes from its folder, which builds its own federation.
+    federation = (None if (job.folder / "checkpoint.npz").exists()
+                  else federations.get(job.config, data_dir))
+    return run_or_resume(job.config, job.folder, federation, data_dir, job.identity)
 
 
 def _worker_job(job: Job, data_dir: str | None) -> dict[str, Any]:
-    return _run_job(job, data_dir, _WORKER_FEDERATIONS)
+    return _run_job(job, data_dir, WORKER_FEDERATION)

@@ -26,6 +26,7 @@ from clusterfed.clustering import hierarchical as hc
 from clusterfed.clustering.metrics import clustering_scores, has_truth
 from clusterfed.clustering.precomputed import first_appearance_labels
 from clusterfed.errors import ConfigError
+from clusterfed.experiments.parallel import LatestFederation
 from clusterfed.experiments.resumable import Job, run_jobs, run_or_resume, threads_per_job
 from clusterfed.experiments.sweep import figures_at, round_of
 from clusterfed.run_folder import read_jsonl
@@ -209,7 +210,10 @@ def run_pairings(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: st
         what = "FedAvg" if labels is None else f"{max(labels) + 1} clusters"
         print(f"run {k + 1}/{len(after)}: {what} -> {job.folder}", flush=True)
 
-    run_jobs([job for _, job in after], data_dir, workers=jobs, started=started)
+    probe_federation = LatestFederation()   # run here, the partitions reuse the probe's
+    probe_federation.hold(config, federation)
+    run_jobs([job for _, job in after], data_dir, workers=jobs, started=started,
+             federations=probe_federation)
     base = None
     for labels, job in after:
         if labels is None:
