@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from clusterfed.algorithms.lcfl import loss_distance as ld
+from clusterfed.algorithms.lcfl.algorithm import LCFL
 from clusterfed.client.work import losses
 from clusterfed.clustering import precomputed as pc
 from clusterfed.models import FlatModel
@@ -238,3 +239,72 @@ def test_bad_inputs_raise():
         pc.hierarchical(np.zeros((3, 3)))
     with pytest.raises(ValueError, match="square"):
         ld.loss_distance(np.zeros((2, 3)))
+
+
+# Three blobs of four points; point 8, (5.4, 4.7), is on average nearer the third blob (1.83
+# against 2.44 to the second) but nearer the second blob's medoid (3.5, 5.0) than the third's
+# (4.8, 6.6): 1.92 against 2.00. So k-medoids' optimum at k = 3 puts it in the second blob,
+# whose weakest silhouette falls to 0.14; the average-linkage cut keeps the blobs (0.37).
+BRIDGED = np.array([[1.5, 1.9], [1.7, 1.9], [2.1, 1.4], [2.5, 2.6],
+                    [2.3, 5.1], [3.5, 5.0], [3.5, 3.7], [3.1, 5.9],
+                    [5.4, 4.7], [5.2, 6.8], [4.8, 6.6], [4.7, 5.9]])
+BLOBS = np.repeat(np.arange(3), 4)
+
+
+def euclidean(points: np.ndarray) -> np.ndarray:
+    return np.linalg.norm(points[:, None] - points[None], axis=2)
+
+
+def test_kmedoids_optimum_misplaces_the_bridging_point_by_hand():
+    d = euclidean(BRIDGED)
+    assert d[8, 9:].mean() < d[8, 4:8].mean() and d[8, 5] < d[8, 10]
+    best = min(itertools.combinations(range(12), 3), key=lambda m: pc.medoid_cost(d, list(m)))
+    found = pc.k_medoids(d, 3)
+    assert sorted(best) == found.medoids.tolist() == [1, 5, 10]
+    assert found.labels[8] == found.labels[5] != found.labels[10]
+    assert pc.weakest_silhouette(d, found.labels) < pc.NO_STRUCTURE
+    tree = pc.hierarchical(d, k=3)
+    assert same_partition(tree, BLOBS) and pc.weakest_silhouette(d, tree) > 0.35
+    assert same_partition(pc.strongest(d, [found.labels, tree]), BLOBS)
+    # A partition with a lone point counts only when every candidate has one.
+    lone = np.array([0] * 11 + [1])
+    assert same_partition(pc.strongest(d, [lone, found.labels]), found.labels)
+
+
+def test_points_moved_by_hand():
+    a = np.array([0, 0, 0, 1, 1, 1, 2, 2])
+    assert pc.points_moved(a, np.array([5, 5, 5, 3, 3, 3, 9, 9])) == 0   # names only
+    assert pc.points_moved(a, np.array([0, 0, 1, 1, 1, 1, 2, 2])) == 1
+    assert pc.points_moved(a, np.array([0, 1, 2, 0, 1, 2, 0, 1])) == 5   # 3 of 8 stay
+
+
+def test_lcfl_automatic_k_sees_the_blobs_kmedoids_alone_merges():
+    d = euclidean(BRIDGED)
+    labels, info = LCFL().cluster_labels(d)
+    assert same_partition(labels, BLOBS) and info["silhouettes"]["3"] > 0.35
+    alone, _ = LCFL(tree_repair=None).cluster_labels(d)
+    assert len(np.unique(alone)) == 2
+    # k given is the paper's k-medoids, untouched.
+    assert same_partition(LCFL(k=3).cluster_labels(d)[0], pc.k_medoids(d, 3).labels)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_lcfl_automatic_k_keeps_one_cluster_without_structure(seed):
+    rng = np.random.default_rng(seed)
+    noise = np.abs(rng.normal(1.0, 0.2, (20, 20)))
+    noise = (noise + noise.T) / 2
+    np.fill_diagonal(noise, 0.0)
+    for d in (noise, euclidean(rng.normal(size=(20, 10)))):
+        assert (LCFL().cluster_labels(d)[0] == 0).all()
+
+
+@pytest.mark.parametrize("seed", [18, 25, 31])
+def test_a_tree_cut_far_from_kmedoids_is_no_evidence_of_clusters(seed):
+    # One Gaussian cloud of 20 points in 5-D: the tree's cuts differ from k-medoids' in many
+    # points and, taken freely, would split the cloud; as a repair of a few they are not taken.
+    d = euclidean(np.random.default_rng(seed).normal(size=(20, 5)))
+    assert (LCFL().cluster_labels(d)[0] == 0).all()
+    assert (LCFL(tree_repair=None).cluster_labels(d)[0] == 0).all()
+    assert len(np.unique(LCFL(tree_repair=1.0).cluster_labels(d)[0])) > 1
+    with pytest.raises(ValueError, match="tree_repair"):
+        LCFL(tree_repair=1.5)

@@ -8,7 +8,7 @@ Every function returns labels 0..K-1 numbered by first appearance in client orde
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -250,6 +250,41 @@ def best_by_silhouette(d: np.ndarray, labels_for_k: Callable[[int], np.ndarray],
     return first_appearance_labels(found[best]), scores
 
 
+def weakest_silhouette(d: np.ndarray, labels: np.ndarray) -> float:
+    """The lowest of the clusters' mean silhouettes on d (Kaufman and Rousseeuw's per-cluster
+    silhouette width): the score `substantial_clusters` judges a clustering by."""
+    from sklearn.metrics import silhouette_samples
+
+    labels = first_appearance_labels(labels)
+    widths = silhouette_samples(check_distance(d), labels, metric="precomputed")
+    return float(min(widths[labels == c].mean() for c in range(int(labels.max()) + 1)))
+
+
+def points_moved(a: np.ndarray, b: np.ndarray) -> int:
+    """The fewest points whose labels must change to turn partition a into b (clusters matched
+    one to one by the Hungarian method, scipy's linear_sum_assignment)."""
+    from scipy.optimize import linear_sum_assignment
+
+    a, b = first_appearance_labels(a), first_appearance_labels(b)
+    overlap = np.zeros((int(a.max()) + 1, int(b.max()) + 1), dtype=np.int64)
+    np.add.at(overlap, (a, b), 1)
+    rows, cols = linear_sum_assignment(overlap, maximize=True)
+    return int(len(a) - overlap[rows, cols].sum())
+
+
+def strongest(d: np.ndarray, partitions: Sequence[np.ndarray], min_size: int = 2) -> np.ndarray:
+    """Of several partitions of the same points into the same k, the one whose weakest cluster
+    scores highest (`weakest_silhouette`); a partition with a cluster of fewer than `min_size`
+    points counts only when all have one. Ties go to the first."""
+    def score(labels: np.ndarray) -> tuple[bool, float]:
+        small = np.bincount(first_appearance_labels(labels)).min() < min_size
+        return (not small, weakest_silhouette(d, labels) if len(np.unique(labels)) > 1 else -1.0)
+
+    scored = [score(labels) for labels in partitions]
+    return first_appearance_labels(partitions[max(range(len(partitions)),
+                                                  key=lambda i: (scored[i], -i))])
+
+
 def substantial_clusters(d: np.ndarray, labels_for_k: Callable[[int], np.ndarray], k_max: int,
                          min_silhouette: float = NO_STRUCTURE, min_size: int = 2,
                          min_separation: float = 0.1) -> tuple[np.ndarray, dict[int, float]]:
@@ -270,8 +305,6 @@ def substantial_clusters(d: np.ndarray, labels_for_k: Callable[[int], np.ndarray
     a cluster of fewer than `min_size` points are no candidates (a lone point's silhouette is
     0 by definition).
     """
-    from sklearn.metrics import silhouette_samples
-
     d = check_distance(d)
     scores: dict[int, float] = {}
     candidates: dict[int, tuple[np.ndarray, float]] = {}
@@ -280,8 +313,7 @@ def substantial_clusters(d: np.ndarray, labels_for_k: Callable[[int], np.ndarray
         counts = np.bincount(labels)
         if len(counts) < 2 or counts.min() < min_size:
             continue
-        widths = silhouette_samples(d, labels, metric="precomputed")
-        scores[k] = float(min(widths[labels == c].mean() for c in range(len(counts))))
+        scores[k] = weakest_silhouette(d, labels)
         # Mean distance of each point to each cluster; then to its nearest other cluster.
         to_cluster = np.stack([d[:, labels == c].mean(axis=1) for c in range(len(counts))], 1)
         to_cluster[np.arange(len(d)), labels] = np.inf
