@@ -319,6 +319,42 @@ def test_pairings_cut_every_pairing_from_one_run_and_train_only_distinct_partiti
     assert both["baseline"] == result["baseline"]
 
 
+def test_pairings_clustering_reads_a_cut_off_probe_and_says_when_there_is_nothing_yet(tmp_path):
+    import json
+
+    from clusterfed.algorithms.flhc import pairings as fp
+
+    config = merge(tiny_config("flhc", train={"rounds": 3}),
+                   {"algorithm": {"name": "flhc", "rounds_before_clustering": 1,
+                                  "metric": "l2", "linkage": "ward",
+                                  "threshold_mode": "clusters", "threshold": 4.0}})
+    with pytest.raises(ConfigError, match="has no run"):
+        fp.read_clustering(config, tmp_path, taus=(2.0, 4.0), mode="clusters")
+    finished = fp.run_pairings(config, tmp_path, taus=(2.0, 4.0), mode="clusters")
+    table = (tmp_path / "table.md").read_text()
+    # Cut off after its clustering round: the same cuts, and the finished table untouched.
+    probe = tmp_path / "probe"
+    (probe / "summary.json").unlink()
+    cut_off = fp.read_clustering(config, tmp_path, taus=(2.0, 4.0), mode="clusters")
+    def cuts(rows):   # the partitions and their scores (the finished rows add accuracies)
+        return [(r["metric"], r["linkage"], r["tau"], r["labels"], r["ari"]) for r in rows]
+
+    assert cuts(cut_off["rows"]) == cuts(finished["rows"])
+    assert [c["labels"] for c in cut_off["best_cuts"]] == [
+        c["labels"] for c in finished["best_cuts"]]
+    assert cut_off["preset_cut"] == finished["preset_cut"]
+    assert (tmp_path / "table.md").read_text() == table
+    assert cuts(json.loads((tmp_path / "clustering.json").read_text())["rows"]) == cuts(
+        finished["rows"])
+    assert "Any cut of each tree" in (tmp_path / "clustering.md").read_text()
+    # Cut off before it: nothing to read, and said so.
+    events = (probe / "events.jsonl").read_text().splitlines()
+    (probe / "events.jsonl").write_text("".join(
+        line + "\n" for line in events if "hierarchical_clustering" not in line))
+    with pytest.raises(ConfigError, match="not reached its clustering round"):
+        fp.read_clustering(config, tmp_path, taus=(2.0, 4.0), mode="clusters")
+
+
 def test_best_cuts_find_the_truth_in_each_tree_and_the_taus_that_cut_there():
     from clusterfed.algorithms.flhc import pairings as fp
 

@@ -8,7 +8,10 @@ continues exactly as a run that found it (tests/test_flhc.py). The paper keeps e
 best tau by round-50 test accuracy (selection on test data; said so in the table).
 
     python -m clusterfed.algorithms.flhc.pairings PRESET [key=value ...] --out DIR
-        [--data-dir D] [--train] [--baseline]
+        [--data-dir D] [--train] [--baseline] [--finished | --clustering]
+
+`--clustering` reads the cuts from a probe that is past its clustering round, finished or not
+(a cut-off probe's clustering is known long before its accuracies).
 """
 
 from __future__ import annotations
@@ -51,6 +54,17 @@ def cut_all(distances: Mapping[str, Sequence[float]], taus: Sequence[float] = ME
                          "cut_height": float(tree.threshold),
                          "labels": first_appearance_labels(tree.labels).tolist(),
                          "n_clusters": int(tree.num_clusters)})
+    return rows
+
+
+def scored_cuts(distances: Mapping[str, Sequence[float]], truth: Any,
+                taus: Sequence[float] = MEDIAN_TAUS, mode: str = "median"
+                ) -> list[dict[str, Any]]:
+    """`cut_all`'s rows, each with its ARI against `truth` (None without a truth)."""
+    rows = cut_all(distances, taus, mode)
+    for row in rows:
+        row["ari"] = (clustering_scores(truth, np.asarray(row["labels"]))["ari"]
+                      if has_truth(truth) else None)
     return rows
 
 
@@ -171,9 +185,7 @@ def run_pairings(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: st
     `jobs`: partition and baseline runs at a time, each in its own process (`run_jobs`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    config = cfg.resolve(config)
-    if config["algorithm"]["name"] != "flhc":
-        raise ValueError("flhc_pairings runs an FL+HC preset (algorithm.name: flhc)")
+    config = _flhc(config)
     federation = build_federation_for(config, data_dir)
     probe_cfg = cfg.resolve(cfg.merge(config, {"algorithm": {"record_distances": True}}))
     if finished_only and not (out / "probe" / "summary.json").exists():
@@ -181,10 +193,7 @@ def run_pairings(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: st
     run_or_resume(probe_cfg, out / "probe", federation, data_dir)
     event = clustering_event(out / "probe")
     truth = federation.true_clusters
-    rows = cut_all(event["distances"], taus, mode)
-    for row in rows:
-        row["ari"] = (clustering_scores(truth, np.asarray(row["labels"]))["ari"]
-                      if has_truth(truth) else None)
+    rows = scored_cuts(event["distances"], truth, taus, mode)
     partitions = distinct_partitions(rows)
     columns = {"post-cluster": round_of("algorithm.rounds_before_clustering+1", config),
                "r50": round_of("last", config)}
@@ -245,6 +254,44 @@ def run_pairings(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: st
     return result
 
 
+def _flhc(config: Mapping[str, Any]) -> dict[str, Any]:
+    config = cfg.resolve(config)
+    if config["algorithm"]["name"] != "flhc":
+        raise ValueError("flhc_pairings runs an FL+HC preset (algorithm.name: flhc)")
+    return config
+
+
+def read_clustering(config: Mapping[str, Any], out_dir: str | Path, *,
+                    data_dir: str | None = None, taus: Sequence[float] = MEDIAN_TAUS,
+                    mode: str = "median") -> dict[str, Any]:
+    """Run nothing: every pairing's cut from the probe's clustering round, whether or not the
+    probe has finished; written to clustering.json / clustering.md (table.md is left alone)."""
+    out = Path(out_dir)
+    config = _flhc(config)
+    probe = out / "probe"
+    if not (probe / "events.jsonl").exists():
+        raise ConfigError(f"{probe} has no run: start it without --clustering first")
+    try:
+        event = clustering_event(probe)
+    except ValueError:
+        rounds = config["algorithm"]["rounds_before_clustering"]
+        raise ConfigError(f"{probe} has not reached its clustering round (after round "
+                          f"{rounds}): nothing to read yet") from None
+    truth = build_federation_for(config, data_dir).true_clusters
+    rows = scored_cuts(event["distances"], truth, taus, mode)
+    labels = first_appearance_labels(np.asarray(event["labels"])).tolist()
+    result: dict[str, Any] = {"probe": str(probe), "taus": list(taus), "mode": mode,
+                              "rows": rows, "partitions": [list(p) for p in
+                                                           distinct_partitions(rows)],
+                              "preset_cut": {"metric": event["metric"],
+                                             "linkage": event["linkage"], "labels": labels}}
+    if has_truth(truth):
+        result["best_cuts"] = best_cuts(event["distances"], np.asarray(truth))
+    (out / "clustering.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "clustering.md").write_text(markdown(result) + "\n")
+    return result
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("source")
@@ -256,10 +303,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--baseline", action="store_true", help="also run FedAvg")
     parser.add_argument("--finished", action="store_true",
                         help="run nothing: the tables of the runs finished so far")
+    parser.add_argument("--clustering", action="store_true",
+                        help="run nothing: every pairing's cut from the probe's clustering "
+                             "round, finished or not")
     parser.add_argument("--jobs", type=int, default=1,
                         help="partition runs at a time, each in its own process")
     args = parser.parse_args(argv)
     config = cfg.resolve(args.source, args.overrides)
+    if args.clustering:
+        if args.train or args.baseline or args.finished:
+            parser.error("--clustering runs nothing: not with --train, --baseline, --finished")
+        print(markdown(read_clustering(config, args.out, data_dir=args.data_dir)))
+        return
     result = run_pairings(config, args.out, data_dir=args.data_dir, train=args.train,
                           baseline=args.baseline, finished_only=args.finished, jobs=args.jobs)
     print(markdown(result))
