@@ -191,15 +191,14 @@ def run_pairings(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: st
     if finished_only and not (out / "probe" / "summary.json").exists():
         raise ConfigError(f"{out / 'probe'} has not finished: nothing to read back")
     run_or_resume(probe_cfg, out / "probe", federation, data_dir)
-    event = clustering_event(out / "probe")
-    truth = federation.true_clusters
-    rows = scored_cuts(event["distances"], truth, taus, mode)
-    partitions = distinct_partitions(rows)
+    result = clustering_result(out / "probe", federation.true_clusters, taus, mode)
+    rows = result["rows"]
+    partitions = [tuple(p) for p in result["partitions"]]
     columns = {"post-cluster": round_of("algorithm.rounds_before_clustering+1", config),
                "r50": round_of("last", config)}
+    result["columns"] = columns
     records: dict[tuple[int, ...], list[dict[str, Any]]] = {}
-    probe_labels = tuple(first_appearance_labels(np.asarray(event["labels"])).tolist())
-    records[probe_labels] = read_jsonl(out / "probe" / "metrics.jsonl")
+    records[tuple(result["preset_cut"]["labels"])] = read_jsonl(out / "probe" / "metrics.jsonl")
     after: list[tuple[tuple[int, ...] | None, Job]] = []   # (partition or None: baseline, run)
     if train or finished_only:
         for i, labels in enumerate(partitions):
@@ -234,23 +233,31 @@ def run_pairings(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: st
         if got is not None:
             for label, rnd in columns.items():
                 row[label] = figures_at(got, rnd)
-    result: dict[str, Any] = {"probe": str(out / "probe"), "taus": list(taus), "mode": mode,
-                              "columns": columns, "rows": rows,
-                              "partitions": [list(p) for p in partitions],
-                              "preset_cut": {"metric": event["metric"],
-                                             "linkage": event["linkage"],
-                                             "labels": list(probe_labels)}}
-    if has_truth(truth):
-        cuts = best_cuts(event["distances"], np.asarray(truth))
-        for cut in cuts:
-            got = records.get(tuple(cut["labels"]))
-            if got is not None:
-                cut["r50"] = figures_at(got, columns["r50"])
-        result["best_cuts"] = cuts
+    for cut in result.get("best_cuts", []):
+        got = records.get(tuple(cut["labels"]))
+        if got is not None:
+            cut["r50"] = figures_at(got, columns["r50"])
     if base is not None:
         result["baseline"] = {label: figures_at(base, rnd) for label, rnd in columns.items()}
     (out / "pairings.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "table.md").write_text(markdown(result) + "\n")
+    return result
+
+
+def clustering_result(probe: Path, truth: Any, taus: Sequence[float], mode: str,
+                      event: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The part of a pairings result read from the probe's clustering round alone: every
+    cut scored, the distinct partitions, the preset's own cut and (with a truth) each tree's
+    best cut. `event`: the clustering event, when already read."""
+    event = clustering_event(probe) if event is None else event
+    rows = scored_cuts(event["distances"], truth, taus, mode)
+    result: dict[str, Any] = {
+        "probe": str(probe), "taus": list(taus), "mode": mode, "rows": rows,
+        "partitions": [list(p) for p in distinct_partitions(rows)],
+        "preset_cut": {"metric": event["metric"], "linkage": event["linkage"],
+                       "labels": first_appearance_labels(np.asarray(event["labels"])).tolist()}}
+    if has_truth(truth):
+        result["best_cuts"] = best_cuts(event["distances"], np.asarray(truth))
     return result
 
 
@@ -277,16 +284,8 @@ def read_clustering(config: Mapping[str, Any], out_dir: str | Path, *,
         rounds = config["algorithm"]["rounds_before_clustering"]
         raise ConfigError(f"{probe} has not reached its clustering round (after round "
                           f"{rounds}): nothing to read yet") from None
-    truth = build_federation_for(config, data_dir).true_clusters
-    rows = scored_cuts(event["distances"], truth, taus, mode)
-    labels = first_appearance_labels(np.asarray(event["labels"])).tolist()
-    result: dict[str, Any] = {"probe": str(probe), "taus": list(taus), "mode": mode,
-                              "rows": rows, "partitions": [list(p) for p in
-                                                           distinct_partitions(rows)],
-                              "preset_cut": {"metric": event["metric"],
-                                             "linkage": event["linkage"], "labels": labels}}
-    if has_truth(truth):
-        result["best_cuts"] = best_cuts(event["distances"], np.asarray(truth))
+    result = clustering_result(probe, build_federation_for(config, data_dir).true_clusters,
+                               taus, mode, event)
     (out / "clustering.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "clustering.md").write_text(markdown(result) + "\n")
     return result
