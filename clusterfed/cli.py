@@ -166,7 +166,8 @@ def sweep(source: str, overrides: tuple[str, ...], out: str | None, data_dir: st
               "reproduce.algorithms, else its compare list).")
 @click.option("--seeds", help="Comma-separated seeds (default: reproduce.seeds, else 0,1,2).")
 @click.option("--out", help="Folder (default runs/reproduce-NAME); rerunning into it keeps "
-              "finished runs and resumes cut-off ones.")
+              "finished runs and resumes cut-off ones. Its table covers the preset's "
+              "algorithms and seeds besides those named, from the runs finished there.")
 @click.option("--data-dir", help="Data root (default $CLUSTERFED_DATA or the user cache).")
 @click.option("--finished", is_flag=True, help="Run nothing: write the table of the runs "
               "finished so far, each row with its seeds.")

@@ -107,7 +107,10 @@ def test_command_line_writes_the_table(capsys, tmp_path: Path):
     code, out, err = cli(capsys, "reproduce", str(path), "--seeds", "3", "--algorithms",
                          "fedavg", "--out", str(tmp_path / "r"))
     assert code == 0, err
-    assert "| fedavg | 50.00 ± 5.00 (own) |" in out and "fedavg seed 3:" in err
+    # The table holds the preset's seeds and algorithms besides those run.
+    assert "Seeds 0, 1, 3" in out and "fedavg seed 3:" in err
+    assert "| fedavg (seed 3) | 50.00 ± 5.00 (own) |" in out
+    assert "| local (no finished run) | 99.90 ± 0.00 (own) | - |" in out
     assert (tmp_path / "r" / "fedavg" / "seed-3" / "summary.json").exists()
 
 
@@ -136,6 +139,9 @@ def test_finished_tabulates_the_finished_runs_and_runs_nothing(capsys, tmp_path:
     code, _, err = cli(capsys, "reproduce", str(path), "--seeds", "1", "--algorithms",
                        "local", "--out", str(tmp_path / "r"))
     assert code == 0, err
+    # Running local's seed kept fedavg's finished rows in the folder's table.
+    kept = (tmp_path / "r" / "reproduce.md").read_text()
+    assert "| fedavg | 50.00 ± 5.00 (own) |" in kept and "| local (seed 1) |" in kept
     monkeypatch.setattr(resumable, "run_config", lambda *a, **k: pytest.fail("ran"))
     monkeypatch.setattr(simulation, "build_federation_for", lambda *a, **k: pytest.fail("built"))
     ran = (tmp_path / "r" / "config.yaml").read_text()
@@ -152,5 +158,16 @@ def test_finished_tabulates_the_finished_runs_and_runs_nothing(capsys, tmp_path:
     summaries = [json.loads((tmp_path / "r" / "fedavg" / f"seed-{s}" / "summary.json")
                             .read_text())["final"]["mean_accuracy"] for s in (0, 1)]
     assert rows["fedavg"]["own"][0] == pytest.approx(100 * np.mean(summaries))
-    none = rep.reproduce(small(), tmp_path / "r", seeds=[5], finished_only=True)
+    none = rep.reproduce(small(), tmp_path / "none", seeds=[5], finished_only=True)
+    assert "Seeds 0, 1, 5" in rep.markdown(none)
     assert "| fedavg (no finished run) | 50.00 ± 5.00 (own) | - |" in rep.markdown(none)
+
+
+def test_a_finished_run_of_another_config_is_left_out_of_the_table(tmp_path: Path):
+    other = cfg.merge(small(), {"train": {"rounds": 1}})
+    rep.reproduce(other, tmp_path, names=["fedavg"], seeds=[0])
+    lines: list[str] = []
+    result = rep.reproduce(small(), tmp_path, names=["local"], seeds=[0], progress=lines.append)
+    rows = {r["label"]: r for r in result["rows"]}
+    assert rows["fedavg"]["seeds"] == [] and rows["local"]["seeds"] == [0]
+    assert any(line.startswith("fedavg seed 0: left out of the table") for line in lines)

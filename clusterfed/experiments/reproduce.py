@@ -15,7 +15,9 @@ A preset's `reproduce` section says what the paper reported:
 Every (algorithm, seed) runs in its own folder `LABEL/seed-S`: a finished run (summary.json) is
 read back, a cut-off one resumes from its checkpoint, so the command can be rerun until done;
 `--finished` writes the table of the runs finished so far, running nothing, each row marked
-with its seeds where it has fewer than the table.
+with its seeds where it has fewer than the table. The table always covers the preset's
+algorithms and seeds besides any named: running one more (algorithm, seed) into a folder
+keeps the rows of the runs already finished there.
 The table gives mean +- std over the seeds of each protocol's figure, ARI, clusters and wall
 time, and a verdict: "within" when the paper's mean +- std and ours overlap, else how far above
 or below the paper's error bar our mean lies.
@@ -34,7 +36,7 @@ import numpy as np
 from clusterfed import config as cfg
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import algorithm_sections, run_config_of
-from clusterfed.experiments.resumable import Job, run_jobs, threads_per_job
+from clusterfed.experiments.resumable import Job, check_folder, run_jobs, threads_per_job
 
 REPRODUCE_KEYS = {"seeds", "algorithms", "paper", "paper_protocol"}
 PROTOCOLS = ("own", "cluster")
@@ -112,6 +114,15 @@ def figures(summary: Mapping[str, Any]) -> dict[str, float]:
                if "shares_error" in summary["clustering"] else {})}
 
 
+def same_run(config: Mapping[str, Any], folder: Path) -> bool:
+    """Whether the run in `folder` is of `config` (`check_folder`'s rule)."""
+    try:
+        check_folder(config, folder)
+    except ConfigError:
+        return False
+    return True
+
+
 def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
               names: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
               data_dir: str | None = None,
@@ -127,18 +138,30 @@ def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
     seed_list = list(seeds if seeds is not None else section.get("seeds", [0, 1, 2]))
     runs = runs_of(config, names)
     out = Path(out_dir)
-    measured: dict[str, list[dict[str, float]]] = {label: [] for label, _ in runs}
-    seeds_of: dict[str, list[int]] = {label: [] for label, _ in runs}
+    # The table covers the preset's algorithms and seeds besides those named, read from the
+    # folder's finished runs: running one more (algorithm, seed) never drops the others' rows.
+    table_runs = runs + [r for r in runs_of(config) if r[0] not in {label for label, _ in runs}]
+    table_seeds = sorted({*seed_list, *section.get("seeds", [0, 1, 2])})
+    asked = {(label, int(seed)) for label, _ in runs for seed in seed_list}
+    measured: dict[str, list[dict[str, float]]] = {label: [] for label, _ in table_runs}
+    seeds_of: dict[str, list[int]] = {label: [] for label, _ in table_runs}
     protocols: dict[str, str] = {}   # each run's eval.protocol (a compare entry may set its own)
     planned: list[tuple[str, int, Job]] = []
-    for seed in seed_list:
+    for seed in table_seeds:
         seeded = cfg.merge(dict(config), {"seed": int(seed)})
-        for label, algorithm in runs:
+        for label, algorithm in table_runs:
             folder = out / label / f"seed-{seed}"
             run_cfg = threads_per_job(run_config_of(seeded, algorithm), jobs)
             protocols[label] = str(run_cfg["eval"]["protocol"])
-            if finished_only and not (folder / "summary.json").exists():
-                continue
+            finished_run = (folder / "summary.json").exists()
+            if (label, int(seed)) not in asked or finished_only:
+                if not finished_run:
+                    continue
+                if (label, int(seed)) not in asked and not same_run(run_cfg, folder):
+                    if progress is not None:
+                        progress(f"{label} seed {seed}: left out of the table, {folder} "
+                                 f"holds a run of another config")
+                    continue
             planned.append((label, int(seed), Job(run_cfg, folder)))
 
     def finished(i: int, summary: dict[str, Any]) -> None:
@@ -154,7 +177,7 @@ def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
     for (label, seed, _), summary in zip(planned, summaries, strict=True):
         measured[label].append(figures(summary))
         seeds_of[label].append(seed)
-    result = summarise(config, measured, seed_list, protocols, seeds_of)
+    result = summarise(config, measured, table_seeds, protocols, seeds_of)
     out.mkdir(parents=True, exist_ok=True)
     if not finished_only:   # the config that ran; a table of finished runs leaves it as it is
         (out / "config.yaml").write_text(cfg.dump(config))
