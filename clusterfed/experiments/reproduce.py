@@ -135,14 +135,16 @@ def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
     a time, each in its own process (`run_jobs`)."""
     section = dict(config.get("reproduce", {}))
     check_reproduce(section)
-    seed_list = list(seeds if seeds is not None else section.get("seeds", [0, 1, 2]))
+    preset_seeds = list(section.get("seeds", [0, 1, 2]))
+    seed_list = list(seeds) if seeds is not None else preset_seeds
     runs = runs_of(config, names)
     out = Path(out_dir)
     # The table covers the preset's algorithms and seeds besides those named, read from the
     # folder's finished runs: running one more (algorithm, seed) never drops the others' rows.
-    table_runs = runs + [r for r in runs_of(config) if r[0] not in {label for label, _ in runs}]
-    table_seeds = sorted({*seed_list, *section.get("seeds", [0, 1, 2])})
-    asked = {(label, int(seed)) for label, _ in runs for seed in seed_list}
+    named = {label for label, _ in runs}
+    table_runs = runs + [r for r in runs_of(config) if r[0] not in named]
+    table_seeds = sorted({*seed_list, *preset_seeds})
+    asked = {(label, int(seed)) for label in named for seed in seed_list}
     measured: dict[str, list[dict[str, float]]] = {label: [] for label, _ in table_runs}
     seeds_of: dict[str, list[int]] = {label: [] for label, _ in table_runs}
     protocols: dict[str, str] = {}   # each run's eval.protocol (a compare entry may set its own)
@@ -153,11 +155,11 @@ def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
             folder = out / label / f"seed-{seed}"
             run_cfg = threads_per_job(run_config_of(seeded, algorithm), jobs)
             protocols[label] = str(run_cfg["eval"]["protocol"])
-            finished_run = (folder / "summary.json").exists()
-            if (label, int(seed)) not in asked or finished_only:
-                if not finished_run:
+            wanted = (label, int(seed)) in asked
+            if not wanted or finished_only:   # only read back, never run
+                if not (folder / "summary.json").exists():
                     continue
-                if (label, int(seed)) not in asked and not same_run(run_cfg, folder):
+                if not wanted and not same_run(run_cfg, folder):
                     if progress is not None:
                         progress(f"{label} seed {seed}: left out of the table, {folder} "
                                  f"holds a run of another config")
