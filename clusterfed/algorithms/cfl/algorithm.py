@@ -13,7 +13,9 @@ members (Eq. 47), which route newcomers down the tree (Algorithm 4, index typo f
 Spec choices (../shared/specs/cfl.md, section 7): weighted averaging by default (A1); absolute
 or scale-free split thresholds (A2); gamma_max 0.1 (A3); the optimal bipartition, or complete
 linkage as in the authors' code (A7); splits only when every member of the cluster reported
-this round (A9). After a split each child applies its own members' mean update (A6). Algorithm
+this round (A9; `split_on="latest"` tests instead every member's latest update, the spec's
+other option, so that a cluster larger than a round's sample can split). After a split each
+child applies its own members' mean update (A6). Algorithm
 3 (train each cluster to its own stationary point, then test) is `mode="alg3"`: the same
 engine, with each child restarting from theta*_parent as the recursion does (A5).
 
@@ -36,6 +38,7 @@ short).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
@@ -87,6 +90,17 @@ class CFLState:
     # and how many rounds it holds.
     similarities: dict[int, np.ndarray] = field(default_factory=dict)
     similarity_rounds: dict[int, int] = field(default_factory=dict)
+    # Per leaf, split_on "latest": each member's latest update here (rows in member order),
+    # the round it was made (-1: none yet) and its sample count.
+    latest_updates: dict[int, np.ndarray] = field(default_factory=dict)
+    latest_rounds: dict[int, np.ndarray] = field(default_factory=dict)
+    latest_samples: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+PARTIAL_ROUND_WARNING = (
+    "CFL tests a split only on a round where every member of the cluster reports (spec A9), "
+    "and some did not: under partial participation a cluster larger than a round's sample "
+    "never splits. algorithm.split_on=latest tests each member's latest update instead.")
 
 
 def _leaf_index(state: CFLState, node: int) -> int:
@@ -117,6 +131,10 @@ class CFL:
     min_child_size: int = 1             # reject bipartitions with a smaller side
     patience: int = 1                   # rounds in a row the norm criteria must hold (A4)
     similarity_from: str = "updates"    # or "gradients": full-batch gradients (Figs. 5, 6)
+    # A9: "fresh" splits only on a round where every member reports (the paper assumes full
+    # participation); "latest" tests every member's latest update at the cluster, stale by up
+    # to the rounds since it was made (logged as `oldest_update`), once each member has one.
+    split_on: str = "fresh"
     newcomers: Sequence[int] = ()       # clients that join late, routed by Algorithm 4
     join_round: int = 0
     leavers: Sequence[int] = ()         # clients that leave for good at leave_round
@@ -127,7 +145,7 @@ class CFL:
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
         "bipartition": ("optimal", "complete"), "mode": ("alg5", "alg3"),
         "acceptance": ("estimated", "fixed"),
-        "similarity_from": ("updates", "gradients")}
+        "similarity_from": ("updates", "gradients"), "split_on": ("fresh", "latest")}
     newcomer_set: frozenset[int] = field(init=False, repr=False, default=frozenset())
 
     def __post_init__(self) -> None:
@@ -145,6 +163,9 @@ class CFL:
             raise ValueError("min_split_size must be at least 2")
         if self.patience < 1:
             raise ValueError("patience must be at least 1")
+        if self.split_on == "latest" and self.similarity_from == "gradients":
+            raise ValueError("split_on='latest' tests cached updates; similarity_from="
+                             "'gradients' needs every member's gradient at this round's model")
         object.__setattr__(self, "newcomer_set", frozenset(int(c) for c in self.newcomers))
 
     # init / plan ---------------------------------------------------------------------------
@@ -245,7 +266,27 @@ class CFL:
         max_norm = cfl_math.max_update_norm(updates)
         info: dict[str, Any] = {"mean_norm": mean_norm, "max_norm": max_norm,
                                 "clients": len(results)}
-        history = np.append(state.max_norms.get(leaf, np.zeros(0)), max_norm)
+        members = state.nodes[leaf].members
+        everyone = len(results) == len(members)
+        if self.split_on == "fresh" and not everyone and len(members) >= self.min_split_size:
+            warnings.warn(PARTIAL_ROUND_WARNING, stacklevel=2)   # printed once a process
+        # What the split is tested on: this round's updates, or (split_on "latest", once every
+        # member has reported here) each member's latest one, norms (Eqs. 32, 33) included.
+        split_clients, split_updates, split_weights = clients, updates, weights
+        test_mean_norm, test_max_norm = mean_norm, max_norm
+        if self.split_on == "latest":
+            state, latest = _remember_updates(state, leaf, clients, updates,
+                                              np.array([r.num_samples for r in results]), rnd)
+            if latest is not None and not everyone:
+                split_updates, samples, made = latest
+                split_clients, everyone = members, True
+                split_weights = aggregation_weights(samples, self.weighting)
+                test_mean_norm = float(np.linalg.norm(
+                    weighted_mean(split_updates, split_weights).astype(np.float64)))
+                test_max_norm = cfl_math.max_update_norm(split_updates)
+                info.update(latest_mean_norm=test_mean_norm, latest_max_norm=test_max_norm,
+                            oldest_update=int(rnd - made.min()))
+        history = np.append(state.max_norms.get(leaf, np.zeros(0)), test_max_norm)
         history = history[-(self.stagnation_window + 1):]
         state = replace(state, max_norms={**state.max_norms, leaf: history})
         # The bipartition of this round's signals, logged every round (Figs. 5, 6, 8).
@@ -259,29 +300,32 @@ class CFL:
             info.update(alpha_cross_max=bipartition[2], gamma_bound=cfl_math.gamma_max(
                 bipartition[2]))
             diagnostics = {"similarity": similarity, "members": clients}
-        members = state.nodes[leaf].members
-        everyone = len(results) == len(members)
         tested, ready = diagnostics.get("similarity"), True
+        if split_clients is not clients:
+            tested = cosine_similarity_matrix(split_updates)
+            bipartition = self._bipartition(tested)
         if self.acceptance == "estimated" and tested is not None and everyone:
             # Noise in one round's similarities averages out over rounds; a true cluster
             # structure persists. The split is tested on the average.
             state, tested, ready = self._remember_similarity(state, leaf, tested)
             bipartition = self._bipartition(tested)
         # One noisy round must not split a cluster when patience asks for several (A4).
-        held = everyone and self._wants_split(state, k, len(members), mean_norm, history, rnd)
+        held = everyone and self._wants_split(state, k, len(members), test_mean_norm, history,
+                                              rnd)
         streak = state.streaks.get(leaf, 0) + 1 if held else 0
         state = replace(state, streaks={**state.streaks, leaf: streak})
         events = []
         if held and ready and streak >= self.patience and bipartition is not None:
-            split, event = self._try_split(tested, bipartition, clients)
-            if tested is not diagnostics["similarity"]:   # the event shows this round's too
+            split, event = self._try_split(tested, bipartition, split_clients)
+            if tested is not diagnostics.get("similarity") and split_clients is clients:
+                # the event shows this round's similarity too
                 event["averaged_similarity"] = event["similarity"]
                 event["similarity"] = np.round(diagnostics["similarity"], 5).tolist()
             event.update({"type": "split" if split else "split_rejected", "node": leaf,
-                          "mean_norm": mean_norm, "max_norm": max_norm})
+                          "mean_norm": test_mean_norm, "max_norm": test_max_norm})
             events.append(event)
             if split is not None:
-                state = split_leaf(state, leaf, split, updates, weights, rnd,
+                state = split_leaf(state, leaf, split, split_updates, split_weights, rnd,
                                    restart=self.mode == "alg3")
                 event["children"] = list(state.nodes[leaf].children)
                 return state, info, events, diagnostics
@@ -459,11 +503,37 @@ def remove_clients(state: CFLState, clients: Sequence[int]) -> CFLState:
 
 
 def _forget_similarity(state: CFLState, leaves: Sequence[int]) -> CFLState:
-    """Drop the averaged similarities of leaves whose members change (rows would not match)."""
-    return replace(state, similarities={v: s for v, s in state.similarities.items()
-                                        if v not in leaves},
-                   similarity_rounds={v: s for v, s in state.similarity_rounds.items()
-                                      if v not in leaves})
+    """Drop the per-member records (averaged similarities, latest updates) of leaves whose
+    members change: their rows would not match."""
+    def keep(records: dict[int, Any]) -> dict[int, Any]:
+        return {v: x for v, x in records.items() if v not in leaves}
+    return replace(state, similarities=keep(state.similarities),
+                   similarity_rounds=keep(state.similarity_rounds),
+                   latest_updates=keep(state.latest_updates),
+                   latest_rounds=keep(state.latest_rounds),
+                   latest_samples=keep(state.latest_samples))
+
+
+def _remember_updates(state: CFLState, leaf: int, clients: np.ndarray, updates: np.ndarray,
+                      samples: np.ndarray, rnd: int
+                      ) -> tuple[CFLState, tuple[np.ndarray, np.ndarray, np.ndarray] | None]:
+    """Record this round's updates as the reporting members' latest (A9); once every member
+    has one, return all of them (in member order), their sample counts and rounds."""
+    members = state.nodes[leaf].members
+    if leaf in state.latest_updates:
+        cache = state.latest_updates[leaf].copy()
+        made = state.latest_rounds[leaf].copy()
+        sizes = state.latest_samples[leaf].copy()
+    else:
+        cache = np.zeros((len(members), updates.shape[1]), np.float32)
+        made = np.full(len(members), -1, dtype=np.int64)
+        sizes = np.zeros(len(members), dtype=np.int64)
+    rows = np.searchsorted(members, clients)
+    cache[rows], made[rows], sizes[rows] = updates, rnd, samples
+    state = replace(state, latest_updates={**state.latest_updates, leaf: cache},
+                    latest_rounds={**state.latest_rounds, leaf: made},
+                    latest_samples={**state.latest_samples, leaf: sizes})
+    return state, ((cache, sizes, made) if bool((made >= 0).all()) else None)
 
 
 def path_models(state: CFLState, client: int) -> list[np.ndarray]:
