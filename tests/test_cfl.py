@@ -276,7 +276,7 @@ def test_congruent_clients_never_split_and_incongruent_ones_keep_large_updates(t
     assert late_max["incongruent"] > 1.3 * late_max["congruent"], late_max   # 1.03 vs 0.69
 
 
-def test_half_participation_splits_only_on_latest_updates_and_not_an_iid_federation(tmp_path):
+def test_half_participation_splits_only_on_latest_updates_and_not_an_iid_federation():
     """Four clients of eight a round: "fresh" never sees a cluster whole and stays one model;
     "latest" recovers the 4 label-swap groups exactly (measured: 96.2 % against 74.1 %) and
     keeps an iid federation whole."""

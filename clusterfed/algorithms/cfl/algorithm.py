@@ -260,10 +260,10 @@ class CFL:
         results = sorted(results, key=lambda r: r.client)
         clients = np.array([r.client for r in results])
         updates = np.stack([r.update for r in results])
-        weights = aggregation_weights(np.array([r.num_samples for r in results]), self.weighting)
+        samples = np.array([r.num_samples for r in results])
+        weights = aggregation_weights(samples, self.weighting)
         mean_update = weighted_mean(updates, weights)
-        mean_norm = float(np.linalg.norm(mean_update.astype(np.float64)))
-        max_norm = cfl_math.max_update_norm(updates)
+        mean_norm, max_norm = _norms(mean_update, updates)
         info: dict[str, Any] = {"mean_norm": mean_norm, "max_norm": max_norm,
                                 "clients": len(results)}
         members = state.nodes[leaf].members
@@ -274,16 +274,15 @@ class CFL:
         # member has reported here) each member's latest one, norms (Eqs. 32, 33) included.
         split_clients, split_updates, split_weights = clients, updates, weights
         test_mean_norm, test_max_norm = mean_norm, max_norm
+        from_latest = False
         if self.split_on == "latest":
-            state, latest = _remember_updates(state, leaf, clients, updates,
-                                              np.array([r.num_samples for r in results]), rnd)
+            state, latest = _remember_updates(state, leaf, clients, updates, samples, rnd)
             if latest is not None and not everyone:
-                split_updates, samples, made = latest
-                split_clients, everyone = members, True
-                split_weights = aggregation_weights(samples, self.weighting)
-                test_mean_norm = float(np.linalg.norm(
-                    weighted_mean(split_updates, split_weights).astype(np.float64)))
-                test_max_norm = cfl_math.max_update_norm(split_updates)
+                split_updates, latest_samples, made = latest
+                split_clients, from_latest, everyone = members, True, True
+                split_weights = aggregation_weights(latest_samples, self.weighting)
+                test_mean_norm, test_max_norm = _norms(
+                    weighted_mean(split_updates, split_weights), split_updates)
                 info.update(latest_mean_norm=test_mean_norm, latest_max_norm=test_max_norm,
                             oldest_update=int(rnd - made.min()))
         history = np.append(state.max_norms.get(leaf, np.zeros(0)), test_max_norm)
@@ -301,7 +300,7 @@ class CFL:
                 bipartition[2]))
             diagnostics = {"similarity": similarity, "members": clients}
         tested, ready = diagnostics.get("similarity"), True
-        if split_clients is not clients:
+        if from_latest:
             tested = cosine_similarity_matrix(split_updates)
             bipartition = self._bipartition(tested)
         if self.acceptance == "estimated" and tested is not None and everyone:
@@ -317,7 +316,7 @@ class CFL:
         events = []
         if held and ready and streak >= self.patience and bipartition is not None:
             split, event = self._try_split(tested, bipartition, split_clients)
-            if tested is not diagnostics.get("similarity") and split_clients is clients:
+            if tested is not diagnostics.get("similarity") and not from_latest:
                 # the event shows this round's similarity too
                 event["averaged_similarity"] = event["similarity"]
                 event["similarity"] = np.round(diagnostics["similarity"], 5).tolist()
@@ -500,6 +499,12 @@ def remove_clients(state: CFLState, clients: Sequence[int]) -> CFLState:
     joined = state.joined.copy()
     joined[list(clients)] = False
     return replace(state, nodes=tuple(nodes), joined=joined)
+
+
+def _norms(mean_update: np.ndarray, updates: np.ndarray) -> tuple[float, float]:
+    """The mean update's norm and the largest client update's (Eqs. 32, 33)."""
+    return (float(np.linalg.norm(mean_update.astype(np.float64))),
+            cfl_math.max_update_norm(updates))
 
 
 def _forget_similarity(state: CFLState, leaves: Sequence[int]) -> CFLState:
