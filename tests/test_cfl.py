@@ -97,8 +97,9 @@ def test_no_split_when_criteria_or_gamma_test_fail():
     (event,) = algo.update(algo.init(setup), ctx,
                            [result(c, u) for c, u in enumerate(near)]).events
     assert event["type"] == "split_rejected" and event["reason"] == "gamma_max test failed"
-    # A member that did not report this round blocks the split (spec A9).
-    algo = build_algorithm({"name": "cfl", "acceptance": "fixed", "eps1": 0.5, "eps2": 1.0})
+    # split_on "fresh": a member that did not report this round blocks the split (spec A9).
+    algo = build_algorithm({"name": "cfl", "acceptance": "fixed", "eps1": 0.5, "eps2": 1.0,
+                            "split_on": "fresh"})
     partial = algo.update(algo.init(setup), RoundContext(0, np.arange(3), SPEC),
                           [result(c, u) for c, u in enumerate(ups[:3])])
     assert list(partial.events) == [] and len(partial.state.leaves) == 1
@@ -122,11 +123,11 @@ def test_latest_updates_split_a_cluster_no_round_samples_whole():
         return state, infos, events
 
     with pytest.warns(UserWarning, match="split_on=latest"):
-        state, infos, events = two_rounds()           # fresh: nobody's round is whole
+        state, infos, events = two_rounds(split_on="fresh")   # nobody's round is whole
     assert events == [] and len(state.leaves) == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")                # and "latest" has nothing to warn of
-        state, infos, (event,) = two_rounds(split_on="latest")
+        state, infos, (event,) = two_rounds()         # the default
     assert "latest_mean_norm" not in infos[0]         # round 0: clients 2, 3 not heard yet
     assert event["type"] == "split" and event["parts"] == [[0, 2], [1, 3]]
     # Tested on all four: their mean is 0, the largest norm sqrt(4.01); 1 round stale.
@@ -144,6 +145,36 @@ def test_latest_updates_split_a_cluster_no_round_samples_whole():
     assert event["type"] == "split" and event["parts"] == [[0, 2], [1, 3]]
     with pytest.raises(ValueError, match="split_on='latest'"):
         build_algorithm({"name": "cfl", "split_on": "latest", "similarity_from": "gradients"})
+
+
+def test_split_on_defaults_to_latest_and_whole_rounds_keep_no_cache():
+    """The default tests latest updates (gradients: this round's); on whole rounds it is
+    "fresh" exactly, keeping no cache until a round is partial."""
+    assert build_algorithm({"name": "cfl"}).split_on == "latest"
+    assert build_algorithm({"name": "cfl", "similarity_from": "gradients"}).split_on == "fresh"
+    ups = {0: [2, 0.1], 1: [-2, 0.1], 2: [2, -0.1], 3: [-2, -0.1]}
+    setup = Setup(4, np.zeros(2, np.float32), np.full(4, 10), 0)
+
+    def rounds(split_on, samples):
+        algo = build_algorithm({"name": "cfl", "acceptance": "fixed", "eps1": 0.5,
+                                "eps2": 1.0, "warmup_rounds": 2, "split_on": split_on})
+        state, events = algo.init(setup), []
+        for rnd, sampled in enumerate(samples):
+            upd = algo.update(state, RoundContext(rnd, np.array(sampled), SPEC),
+                              [result(c, ups[c]) for c in sampled])
+            state, events = upd.state, [*events, *upd.events]
+        return state, events
+
+    whole = [[0, 1, 2, 3]] * 3
+    (fresh, fresh_events), (latest, latest_events) = (rounds(m, whole)
+                                                      for m in ("fresh", "latest"))
+    assert [e["parts"] for e in fresh_events] == [e["parts"] for e in latest_events] == [
+        [[0, 2], [1, 3]]]
+    np.testing.assert_array_equal(fresh.models, latest.models)
+    assert rounds("latest", whole[:2])[0].latest_updates == {}   # before the split
+    # Whole rounds, then a partial one: the cache starts there, with its reporters only.
+    state, events = rounds("latest", [[0, 1, 2, 3], [0, 1]])
+    assert events == [] and state.latest_rounds[0].tolist() == [1, 1, -1, -1]
 
 
 def test_latest_updates_survive_a_checkpoint():
@@ -285,12 +316,12 @@ def test_half_participation_splits_only_on_latest_updates_and_not_an_iid_federat
                     {"train": {"participation": 0.5}})
         return run_config(cfg)
 
-    fresh, latest = run(), run(split_on="latest")
+    fresh, latest = run(split_on="fresh"), run()   # the default: latest
     assert fresh["clustering"]["n_clusters"] == 1
     assert latest["clustering"]["n_clusters"] == 4
     assert latest["clustering"]["ari"] == pytest.approx(1.0)
     assert latest["final"]["mean_accuracy"] >= fresh["final"]["mean_accuracy"] + 0.10
-    iid = run({"kind": "iid", "clients": 8}, split_on="latest")
+    iid = run({"kind": "iid", "clients": 8})
     assert iid["clustering"]["n_clusters"] == 1
 
 

@@ -13,9 +13,10 @@ members (Eq. 47), which route newcomers down the tree (Algorithm 4, index typo f
 Spec choices (../shared/specs/cfl.md, section 7): weighted averaging by default (A1); absolute
 or scale-free split thresholds (A2); gamma_max 0.1 (A3); the optimal bipartition, or complete
 linkage as in the authors' code (A7); splits only when every member of the cluster reported
-this round (A9; `split_on="latest"` tests instead every member's latest update, the spec's
-other option, so that a cluster larger than a round's sample can split). After a split each
-child applies its own members' mean update (A6). Algorithm
+this round (A9) is `split_on="fresh"`; by default every member's latest update is tested
+instead (`"latest"`, the spec's other option), so that a cluster larger than a round's sample
+can split, as the PACFL authors' copy of CFL does. After a split each child applies its own
+members' mean update (A6). Algorithm
 3 (train each cluster to its own stationary point, then test) is `mode="alg3"`: the same
 engine, with each child restarting from theta*_parent as the recursion does (A5).
 
@@ -98,9 +99,10 @@ class CFLState:
 
 
 PARTIAL_ROUND_WARNING = (
-    "CFL tests a split only on a round where every member of the cluster reports (spec A9), "
-    "and some did not: under partial participation a cluster larger than a round's sample "
-    "never splits. algorithm.split_on=latest tests each member's latest update instead.")
+    "CFL with split_on=fresh tests a split only on a round where every member of the cluster "
+    "reports (spec A9), and some did not: under partial participation a cluster larger than "
+    "a round's sample never splits. split_on=latest (the default) tests each member's latest "
+    "update instead.")
 
 
 def _leaf_index(state: CFLState, node: int) -> int:
@@ -134,7 +136,9 @@ class CFL:
     # A9: "fresh" splits only on a round where every member reports (the paper assumes full
     # participation); "latest" tests every member's latest update at the cluster, stale by up
     # to the rounds since it was made (logged as `oldest_update`), once each member has one.
-    split_on: str = "fresh"
+    # None (default): "latest", or "fresh" with similarity_from "gradients" (a gradient is
+    # taken at this round's model). Whole rounds test on their own updates either way.
+    split_on: str | None = None
     newcomers: Sequence[int] = ()       # clients that join late, routed by Algorithm 4
     join_round: int = 0
     leavers: Sequence[int] = ()         # clients that leave for good at leave_round
@@ -149,6 +153,9 @@ class CFL:
     newcomer_set: frozenset[int] = field(init=False, repr=False, default=frozenset())
 
     def __post_init__(self) -> None:
+        if self.split_on is None:
+            object.__setattr__(self, "split_on",
+                               "fresh" if self.similarity_from == "gradients" else "latest")
         check_choices(self, self._kinds)
         aggregation_weights(np.ones(1), self.weighting)
         if (self.eps1 is None) != (self.eps2 is None):
@@ -275,7 +282,9 @@ class CFL:
         split_clients, split_updates, split_weights = clients, updates, weights
         test_mean_norm, test_max_norm = mean_norm, max_norm
         from_latest = False
-        if self.split_on == "latest":
+        # The cache starts at the leaf's first partial round: until then every member's
+        # latest update is this round's, and a whole-participation run keeps none.
+        if self.split_on == "latest" and not (everyone and leaf not in state.latest_updates):
             state, latest = _remember_updates(state, leaf, clients, updates, samples, rnd)
             if latest is not None and not everyone:
                 split_updates, latest_samples, made = latest
