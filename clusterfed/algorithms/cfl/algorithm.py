@@ -96,6 +96,9 @@ class CFLState:
     latest_updates: dict[int, np.ndarray] = field(default_factory=dict)
     latest_rounds: dict[int, np.ndarray] = field(default_factory=dict)
     latest_samples: dict[int, np.ndarray] = field(default_factory=dict)
+    # split_on "fresh": whether this run has said that a partial round blocks the split test
+    # (kept here, not in the warnings registry, which other libraries' filters reset).
+    warned_partial: bool = False
 
 
 PARTIAL_ROUND_WARNING = (
@@ -275,8 +278,10 @@ class CFL:
                                 "clients": len(results)}
         members = state.nodes[leaf].members
         everyone = len(results) == len(members)
-        if self.split_on == "fresh" and not everyone and len(members) >= self.min_split_size:
-            warnings.warn(PARTIAL_ROUND_WARNING, stacklevel=2)   # printed once a process
+        if (self.split_on == "fresh" and not everyone and len(members) >= self.min_split_size
+                and not state.warned_partial):
+            warnings.warn(PARTIAL_ROUND_WARNING, stacklevel=2)   # once a run
+            state = replace(state, warned_partial=True)
         # What the split is tested on: this round's updates, or (split_on "latest", once every
         # member has reported here) each member's latest one, norms (Eqs. 32, 33) included.
         split_clients, split_updates, split_weights = clients, updates, weights
