@@ -10,7 +10,7 @@ import pytest
 
 from clusterfed import config as cfg
 from clusterfed.algorithms import build_algorithm
-from clusterfed.experiments.compare import algorithm_sections, compare
+from clusterfed.experiments.compare import algorithm_sections, compare, labelled_sections
 from clusterfed.sim.simulation import build_federation_for
 
 # name -> (clients, true clusters, k) at the paper's scale.
@@ -39,8 +39,7 @@ def test_every_lcfl_preset_resolves_and_builds(name: str) -> None:
     config = cfg.resolve(name)
     assert config["algorithm"]["name"] == "lcfl"
     build_algorithm(config["algorithm"])
-    for section in algorithm_sections(config, None):
-        section.pop("label", None)
+    for _, section in labelled_sections(config, None):
         build_algorithm(section)
     assert raw_text(name).startswith("#"), "a preset says what it reproduces in a comment"
 

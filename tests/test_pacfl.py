@@ -15,7 +15,7 @@ from clusterfed.algorithms.pacfl.algorithm import UNASSIGNED
 from clusterfed.client import ClientResult, TaskKind, TrainSpec
 from clusterfed.clustering.metrics import clustering_scores
 from clusterfed.errors import ConfigError
-from clusterfed.experiments.compare import algorithm_sections, run_config_of
+from clusterfed.experiments.compare import labelled_sections, run_config_of
 from clusterfed.sim.simulation import Simulation, run_config
 from clusterfed.tasks import SignatureSpec
 
@@ -265,8 +265,7 @@ def test_the_paper_presets_exist_at_both_scales():
 def test_every_pacfl_preset_resolves(name):
     config = cfg.resolve(name)
     build_algorithm(config["algorithm"])
-    for section in algorithm_sections(config, None):
-        section.pop("label", None)             # as compare does
+    for _, section in labelled_sections(config, None):
         run = run_config_of(config, section)   # an entry's own eval / newcomers keys apart
         build_algorithm(run["algorithm"], run["newcomers"])
     text = cfg.preset_paths()[name].read_text()

@@ -41,6 +41,12 @@ def algorithm_sections(config: Mapping[str, Any], names: Sequence[str] | None
     return sections
 
 
+def labelled_sections(config: Mapping[str, Any], names: Sequence[str] | None
+                      ) -> list[tuple[str, dict[str, Any]]]:
+    """(label, algorithm section without its label) of each entry of `algorithm_sections`."""
+    return [(str(s.pop("label", s["name"])), s) for s in algorithm_sections(config, names)]
+
+
 # Sections a compare entry may override for its run alone.
 ENTRY_SECTIONS = ("eval", "newcomers")
 
@@ -73,8 +79,9 @@ def compare(config: Mapping[str, Any], out_dir: str | Path, names: Sequence[str]
     from clusterfed.experiments.resumable import IDENTITY_WITH_EVAL, Job, run_jobs, threads_per_job
 
     out = Path(out_dir)
-    sections = algorithm_sections(config, names)
-    labels = [str(s.pop("label", s["name"])) for s in sections]
+    labelled = labelled_sections(config, names)
+    labels = [label for label, _ in labelled]
+    sections = [section for _, section in labelled]
     if len(set(labels)) != len(labels):
         raise ConfigError("compare lists an algorithm twice; give each run a distinct name "
                           "or label")

@@ -35,7 +35,7 @@ import numpy as np
 
 from clusterfed import config as cfg
 from clusterfed.errors import ConfigError
-from clusterfed.experiments.compare import algorithm_sections, run_config_of
+from clusterfed.experiments.compare import labelled_sections, run_config_of
 from clusterfed.experiments.resumable import Job, check_folder, run_jobs, threads_per_job
 
 REPRODUCE_KEYS = {"seeds", "algorithms", "paper", "paper_protocol"}
@@ -94,8 +94,7 @@ def runs_of(config: Mapping[str, Any], names: Sequence[str] | None = None
     listed = names or section.get("algorithms")
     if listed is None and not config["compare"]["algorithms"]:
         return [(str(config["algorithm"]["name"]), dict(config["algorithm"]))]
-    sections = algorithm_sections(config, [str(n) for n in listed] if listed else None)
-    return [(str(s.pop("label", s["name"])), s) for s in sections]
+    return labelled_sections(config, [str(n) for n in listed] if listed else None)
 
 
 def figures(summary: Mapping[str, Any]) -> dict[str, float]:
