@@ -6,11 +6,16 @@ local epoch at batch 10. Each client count runs in a fresh process so its peak r
 memory is its own: the federation is built, 1 warm-up round and `--rounds` timed rounds run
 (no evaluation inside them), then one evaluation of every client (the run's summary).
 
+Each client count runs once a `--split-on` rule: CFL's default, "latest", keeps every
+member's latest update (an m x d float32 cache a cluster, copied each round since the state is
+immutable); "fresh" keeps none. Side by side, they give what the cache costs a round and in peak
+memory.
+
 CFL's server clustering time: the cosine-similarity matrix (chunked Gram matrix, Eq. 13)
 and the optimal bipartition (maximum spanning tree, Algorithm 1) of m client updates of
 CFL's ConvNet (5,142 parameters), for m = 1,000 and 10,000, with four planted directions.
 
-    python benchmarks/scale.py [--clients 1000 10000] [--rounds N]
+    python benchmarks/scale.py [--clients 1000 10000] [--rounds N] [--split-on fresh latest]
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ SEED = 0
 PER_ROUND, TRAIN_IMAGES, TEST_IMAGES, PARAMS = 100, 24, 4, 5142
 
 
-def config(clients: int, rounds: int) -> dict[str, Any]:
+def config(clients: int, rounds: int, split_on: str = "latest") -> dict[str, Any]:
     return {"seed": SEED, "data": {"dataset": "mnist"},
             "scenario": {"kind": "rotation", "clients": clients, "clusters": 4,
                          "replicate": True, "samples_per_client": TRAIN_IMAGES,
@@ -42,16 +47,16 @@ def config(clients: int, rounds: int) -> dict[str, Any]:
             "model": {"name": "cfl_convnet"},
             "train": {"rounds": rounds, "participation": PER_ROUND, "local_epochs": 1,
                       "batch_size": 10, "lr": 0.05},
-            "algorithm": {"name": "cfl"}, "eval": {"every": 10**9},
+            "algorithm": {"name": "cfl", "split_on": split_on}, "eval": {"every": 10**9},
             "run": {"progress": False, "checkpoint_every": 0, "executor": "sequential",
                     "device": "cpu"}}
 
 
-def one_run(clients: int, rounds: int) -> dict[str, Any]:
+def one_run(clients: int, rounds: int, split_on: str) -> dict[str, Any]:
     """Build, run 1 + `rounds` rounds, evaluate once; in this (fresh) process."""
     start = time.perf_counter()
     dataset, _ = mnist()
-    cfg = config(clients, rounds + 2)
+    cfg = config(clients, rounds + 2, split_on)
     federation = build_federation(dataset, cfg["scenario"], SEED)
     built = time.perf_counter() - start
     stamps: list[float] = []
@@ -63,9 +68,9 @@ def one_run(clients: int, rounds: int) -> dict[str, Any]:
     sim = Simulation(cfg, federation=federation, callbacks=[stamp])
     summary = sim.run()
     evaluated = time.perf_counter() - stamps[-1]
-    return {"clients": clients, "build_s": built, "round_s": list(np.diff(stamps)),
-            "evaluate_all_s": evaluated, "peak_rss_mib": peak_rss_mib(),
-            "clusters": summary["clustering"]["n_clusters"]}
+    return {"clients": clients, "split_on": split_on, "build_s": built,
+            "round_s": list(np.diff(stamps)), "evaluate_all_s": evaluated,
+            "peak_rss_mib": peak_rss_mib(), "clusters": summary["clustering"]["n_clusters"]}
 
 
 def clustering_time(m: int) -> dict[str, Any]:
@@ -82,8 +87,9 @@ def clustering_time(m: int) -> dict[str, Any]:
             "part_sizes": [len(part_a), m - len(part_a)], "peak_rss_mib": peak_rss_mib()}
 
 
-def child(kind: str, n: int, rounds: int) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, __file__, "--child", kind, str(n), str(rounds)],
+def child(kind: str, n: int, rounds: int, split_on: str = "latest") -> dict[str, Any]:
+    out = subprocess.run([sys.executable, __file__, "--child", kind, str(n), str(rounds),
+                          split_on],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -92,23 +98,29 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds (after 1 warm-up)")
-    parser.add_argument("--child", nargs=3, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--split-on", nargs="+", choices=["fresh", "latest"],
+                        default=["fresh", "latest"], help="CFL's split_on rules to run")
+    parser.add_argument("--child", nargs=4, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        kind, n, rounds = args.child[0], int(args.child[1]), int(args.child[2])
-        print(json.dumps(one_run(n, rounds) if kind == "run" else clustering_time(n)))
+        kind, n, rounds, split_on = args.child[0], int(args.child[1]), int(args.child[2]), \
+            args.child[3]
+        print(json.dumps(one_run(n, rounds, split_on) if kind == "run"
+                         else clustering_time(n)))
         return 0
     print("== scale: rotated MNIST with CFL, 100 clients per round ==")
     print(machine())
     print(mnist()[1])
     print(f"4 rotations (replicated data), {TRAIN_IMAGES} train + {TEST_IMAGES} test images "
           f"per client, cfl_convnet, 1 epoch at batch 10; 1 warm-up + {args.rounds} timed rounds")
-    print(f"{'clients':>7} {'build s':>8} {'s/round':>8} {'eval all s':>10} "
+    print(f"{'clients':>7} {'split_on':>8} {'build s':>8} {'s/round':>8} {'eval all s':>10} "
           f"{'peak MiB':>9} {'clusters':>8}")
     for n in args.clients:
-        r = child("run", n, args.rounds)
-        print(f"{n:>7} {r['build_s']:>8.1f} {np.mean(r['round_s']):>8.2f} "
-              f"{r['evaluate_all_s']:>10.2f} {r['peak_rss_mib']:>9.0f} {r['clusters']:>8}")
+        for split_on in args.split_on:
+            r = child("run", n, args.rounds, split_on)
+            print(f"{n:>7} {split_on:>8} {r['build_s']:>8.1f} {np.mean(r['round_s']):>8.2f} "
+                  f"{r['evaluate_all_s']:>10.2f} {r['peak_rss_mib']:>9.0f} "
+                  f"{r['clusters']:>8}")
     print(f"CFL server clustering of m client updates ({PARAMS} parameters each):")
     print(f"{'m':>7} {'similarity s':>12} {'bipartition s':>13} {'peak MiB':>9}")
     for n in args.clients:

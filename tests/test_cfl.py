@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -187,9 +188,17 @@ def test_latest_updates_survive_a_checkpoint():
     state = algo.update(state, RoundContext(0, np.array([1, 3]), SPEC),
                         [result(1, [1, 0]), result(3, [0, 1], n=7)]).state
     back = loads(dumps(state))
-    np.testing.assert_array_equal(back.latest_updates[0], [[0, 0], [1, 0], [0, 0], [0, 1]])
+    assert {c: u.tolist() for c, u in back.latest_updates[0].items()} == {1: [1, 0], 3: [0, 1]}
     assert back.latest_rounds[0].tolist() == [-1, 0, -1, 0]
     assert back.latest_samples[0].tolist() == [0, 10, 0, 7]
+    # A checkpoint from when the rows were one member-order array goes on the same way.
+    old = replace(back, latest_updates={0: np.array([[0, 0], [1, 0], [0, 0], [0, 1]],
+                                                    np.float32)})
+    for start in (back, old):
+        upd = algo.update(start, RoundContext(1, np.array([0, 2]), SPEC),
+                          [result(0, [2, 0]), result(2, [0, 2])])
+        assert upd.metrics["cfl"]["0"]["latest_max_norm"] == pytest.approx(2.0)
+        assert upd.metrics["cfl"]["0"]["oldest_update"] == 1
 
 
 def test_second_level_split_maps_positions_to_client_ids():
