@@ -7,9 +7,8 @@ memory is its own: the federation is built, 1 warm-up round and `--rounds` timed
 (no evaluation inside them), then one evaluation of every client (the run's summary).
 
 Each client count runs once a `--split-on` rule: CFL's default, "latest", keeps every
-member's latest update (an m x d float32 cache a cluster, copied each round since the state is
-immutable); "fresh" keeps none. Side by side, they give what the cache costs a round and in peak
-memory.
+reporting member's latest update (a row a client, d float32 each); "fresh" keeps none.
+Side by side, they give what the cache costs a round and in peak memory.
 
 CFL's server clustering time: the cosine-similarity matrix (chunked Gram matrix, Eq. 13)
 and the optimal bipartition (maximum spanning tree, Algorithm 1) of m client updates of

@@ -292,9 +292,9 @@ class CFL:
         # The cache starts at the leaf's first partial round: until then every member's
         # latest update is this round's, and a whole-participation run keeps none.
         if self.split_on == "latest" and not (everyone and leaf not in state.latest_updates):
-            state, latest = _remember_updates(state, leaf, clients, updates, samples, rnd)
-            if latest is not None and not everyone:
-                split_updates, latest_samples, made = latest
+            state, complete = _remember_updates(state, leaf, clients, updates, samples, rnd)
+            if complete and not everyone:
+                split_updates, latest_samples, made = _latest_updates(state, leaf)
                 split_clients, from_latest, everyone = members, True, True
                 split_weights = aggregation_weights(latest_samples, self.weighting)
                 test_mean_norm, test_max_norm = _norms(
@@ -536,10 +536,9 @@ def _forget_similarity(state: CFLState, leaves: Sequence[int]) -> CFLState:
 
 
 def _remember_updates(state: CFLState, leaf: int, clients: np.ndarray, updates: np.ndarray,
-                      samples: np.ndarray, rnd: int
-                      ) -> tuple[CFLState, tuple[np.ndarray, np.ndarray, np.ndarray] | None]:
-    """Record this round's updates as the reporting members' latest (A9); once every member
-    has one, return all of them (in member order), their sample counts and rounds."""
+                      samples: np.ndarray, rnd: int) -> tuple[CFLState, bool]:
+    """Record this round's updates as the reporting members' latest (A9), and whether every
+    member now has one."""
     members = state.nodes[leaf].members
     if leaf in state.latest_rounds:
         made = state.latest_rounds[leaf].copy()
@@ -558,9 +557,15 @@ def _remember_updates(state: CFLState, leaf: int, clients: np.ndarray, updates: 
     state = replace(state, latest_updates={**state.latest_updates, leaf: cached},
                     latest_rounds={**state.latest_rounds, leaf: made},
                     latest_samples={**state.latest_samples, leaf: sizes})
-    if not bool((made >= 0).all()):
-        return state, None
-    return state, (np.stack([cached[c] for c in members.tolist()]), sizes, made)
+    return state, bool((made >= 0).all())
+
+
+def _latest_updates(state: CFLState, leaf: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every member's latest update (stacked in member order only here, when a split is tested
+    on them), their sample counts and the rounds they were made."""
+    rows = state.latest_updates[leaf]
+    return (np.stack([rows[c] for c in state.nodes[leaf].members.tolist()]),
+            state.latest_samples[leaf], state.latest_rounds[leaf])
 
 
 def path_models(state: CFLState, client: int) -> list[np.ndarray]:
