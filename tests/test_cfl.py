@@ -244,6 +244,22 @@ def test_routing_descends_to_the_most_similar_child_and_joins():
     assert join_leaf(left, 1, 1).joined[1]
 
 
+@pytest.mark.parametrize("split_on", ["fresh", "latest"])
+def test_a_cluster_that_never_splits_is_fedavg_bit_for_bit(split_on):
+    # Warm-up beyond the run: the one cluster aggregates as FedAvg does (samples-weighted, A1),
+    # with the same sampler, seeds and model, so a run that never splits is FedAvg exactly.
+    options = {"name": "cfl", "split_on": split_on, "warmup_rounds": 10**6}
+    cfl = Simulation(merge(tiny_config("cfl", scenario={"kind": "label_swap", "clients": 8,
+                                                        "clusters": 4, "quantity_skew": 0.8}),
+                           {"algorithm": options}))
+    fedavg = Simulation(tiny_config("fedavg", scenario={"kind": "label_swap", "clients": 8,
+                                                        "clusters": 4, "quantity_skew": 0.8}))
+    a, b = cfl.run(), fedavg.run()
+    assert a["clustering"]["n_clusters"] == 1
+    assert comparable(a)["final"] == comparable(b)["final"]
+    np.testing.assert_array_equal(cfl.state.models[0], fedavg.state.model)
+
+
 def test_bad_options():
     for options, message in [({"eps1": 0.1}, "both eps1 and eps2"),
                              ({"gamma_max": 1.0}, "gamma_max"),
