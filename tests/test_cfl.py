@@ -21,6 +21,7 @@ from clusterfed.algorithms.cfl.algorithm import (
     split_leaf,
 )
 from clusterfed.client import ClientResult, TaskKind, TrainSpec
+from clusterfed.clustering.similarity import gram_matrix
 from clusterfed.config import merge
 from clusterfed.errors import ConfigError
 from clusterfed.sim.simulation import Simulation, run_config
@@ -199,6 +200,33 @@ def test_latest_updates_survive_a_checkpoint():
                           [result(0, [2, 0]), result(2, [0, 2])])
         assert upd.metrics["cfl"]["0"]["latest_max_norm"] == pytest.approx(2.0)
         assert upd.metrics["cfl"]["0"]["oldest_update"] == 1
+
+
+def test_latest_gram_follows_the_cache_round_by_round():
+    """split_on "latest" keeps the Gram matrix of the cached updates and recomputes only a
+    round's reporters' rows: after every round it equals the whole matrix of the cache, also
+    across a whole round (which drops it) and a checkpoint."""
+    rng = np.random.default_rng(0)
+    m, d = 12, 40
+    algo = build_algorithm({"name": "cfl", "split_on": "latest", "warmup_rounds": 10**6})
+    state = algo.init(Setup(m, np.zeros(d, np.float32), np.full(m, 10), 0))
+    samples = [np.arange(6), np.arange(6, m)] + [rng.choice(m, 5, replace=False)
+                                                 for _ in range(6)]
+    samples[4] = np.arange(m)                              # a whole round
+    seen = 0
+    for rnd, sampled in enumerate(samples):
+        sampled = np.sort(sampled)
+        upd = algo.update(state, RoundContext(rnd, sampled, SPEC),
+                          [result(int(c), rng.normal(size=d)) for c in sampled])
+        state = loads(dumps(upd.state)) if rnd == 2 else upd.state
+        cache = state.latest_updates.get(0, {})
+        if 0 in state.latest_grams:
+            seen += 1
+            whole = gram_matrix(np.stack([cache[c] for c in range(m)]))
+            np.testing.assert_allclose(state.latest_grams[0], whole, rtol=1e-10)
+        else:
+            assert rnd in (0, 4), rnd                     # built once the cache is complete
+    assert seen == 6 and len(state.leaves) == 1
 
 
 def test_second_level_split_maps_positions_to_client_ids():

@@ -33,7 +33,13 @@ from clusterfed.algorithms.cfl.maths import (
     update_norms,
 )
 from clusterfed.clustering.metrics import clustering_scores
-from clusterfed.clustering.similarity import cosine_similarity_matrix, gram_matrix
+from clusterfed.clustering.similarity import (
+    cosine_from_gram,
+    cosine_similarity_matrix,
+    gram_matrix,
+    gram_rows,
+    update_gram,
+)
 
 # ------------------------------------------------------------------------------------------
 # helpers
@@ -126,6 +132,29 @@ def test_cosine_chunked_equals_unchunked_and_gram():
     np.testing.assert_allclose(cosine_similarity_matrix(u64, chunk_size=64), whole, atol=1e-13)
     ints = np.array([[1, 0], [0, 2], [3, 3]])
     np.testing.assert_allclose(cosine_similarity_matrix(ints)[2, :2], [2**-0.5, 2**-0.5])
+
+
+def test_updating_changed_rows_equals_the_whole_gram_matrix():
+    rng = np.random.default_rng(4)
+    u = rng.normal(size=(11, 301)).astype(np.float32)
+    gram = gram_matrix(u)
+    u64 = u.astype(np.float64)
+    np.testing.assert_allclose(gram_rows(u, np.array([3, 0]), chunk_size=17),
+                               (u64 @ u64.T)[[3, 0]], rtol=1e-12)
+    changed = np.array([7, 2, 9, 2])                 # unsorted, repeated
+    v = u.copy()
+    v[[2, 7, 9]] = rng.normal(size=(3, 301))
+    v[9] = 0.0                                       # a zero row keeps the cosine's rule
+    kept = gram.copy()
+    new = update_gram(gram, v, changed, chunk_size=50)
+    np.testing.assert_array_equal(gram, kept)        # the old matrix is left as it was
+    np.testing.assert_array_equal(new, new.T)        # exactly symmetric
+    np.testing.assert_allclose(new, gram_matrix(v), rtol=1e-12, atol=1e-9)
+    np.testing.assert_allclose(cosine_from_gram(new), cosine_similarity_matrix(v), atol=1e-12)
+    # The rows not named keep the old matrix's values: only the changed ones are recomputed.
+    stale = update_gram(gram, v, np.array([2]))
+    np.testing.assert_array_equal(stale[7, 8], gram[7, 8])
+    assert not np.allclose(stale, gram_matrix(v))
 
 
 def test_cosine_is_scale_free_and_permutation_invariant():

@@ -68,7 +68,12 @@ def cosine_similarity_matrix(vectors: np.ndarray, *, zero_self: float = 0.0,
     vector is at distance 0 from itself. Every other diagonal entry is exactly 1. Values are
     clipped to [-1, 1] and the matrix is exactly symmetric.
     """
-    gram = gram_matrix(vectors, chunk_size=chunk_size)
+    return cosine_from_gram(gram_matrix(vectors, chunk_size=chunk_size), zero_self=zero_self)
+
+
+def cosine_from_gram(gram: np.ndarray, *, zero_self: float = 0.0) -> np.ndarray:
+    """The cosine matrix of the vectors whose (exactly symmetric) Gram matrix is `gram`, by
+    `cosine_similarity_matrix`'s conventions."""
     norms = np.sqrt(np.diag(gram))
     nonzero = norms > 0
     inverse = np.zeros_like(norms)
@@ -77,6 +82,32 @@ def cosine_similarity_matrix(vectors: np.ndarray, *, zero_self: float = 0.0,
     similarity = np.clip(gram * np.outer(inverse, inverse), -1.0, 1.0)
     np.fill_diagonal(similarity, np.where(nonzero, 1.0, float(zero_self)))
     return similarity
+
+
+def gram_rows(vectors: np.ndarray, rows: np.ndarray, *, chunk_size: int | None = None
+              ) -> np.ndarray:
+    """G[rows, :] of `gram_matrix(vectors)`: the given rows against all, (len(rows), m), in
+    float64 over column blocks; p m d work where the whole matrix is m^2 d."""
+    v = as_vectors(vectors)
+    rows = np.asarray(rows, dtype=np.int64)
+    out = np.zeros((len(rows), v.shape[0]), dtype=np.float64)
+    for block in column_blocks(v, chunk_size):
+        out += block[rows] @ block.T
+    return out
+
+
+def update_gram(gram: np.ndarray, vectors: np.ndarray, rows: np.ndarray, *,
+                chunk_size: int | None = None) -> np.ndarray:
+    """A new Gram matrix of `vectors` where only `rows` changed since `gram` was theirs: the
+    changed rows and columns recomputed, exactly symmetric, `gram` left as it was."""
+    rows = np.unique(np.asarray(rows, dtype=np.int64))
+    fresh = gram_rows(vectors, rows, chunk_size=chunk_size)
+    among = fresh[:, rows]
+    fresh[:, rows] = (among + among.T) / 2.0   # the changed rows among themselves, symmetric
+    out = gram.copy()
+    out[rows, :] = fresh
+    out[:, rows] = fresh.T
+    return out
 
 
 def cosine_distance_matrix(vectors: np.ndarray, *, chunk_size: int | None = None) -> np.ndarray:
