@@ -37,6 +37,23 @@ def test_label_skew_20_pacfl_cluster_models_beat_the_global_model(shared_data: P
     assert fedavg["mean_accuracy"] >= pacfl["final"]["mean_accuracy"] - 0.01
 
 
+def test_label_skew_30_gap_is_own_models_against_the_global_model(shared_data: Path,
+                                                                   tmp_path: Path):
+    """Table 6 (Table 1's 30 % column), FMNIST: scored the same way, FedAvg's own models after
+    local training are level with PACFL's (within 1.5 points), and PACFL's own models are 10
+    or more points above FedAvg's global model, the paper's protocol for FedAvg: its gap
+    (95.46 against 80.70) is one protocol against the other. Measured at the -small scale,
+    seeds 0-2: own 83.80 / 86.19 / 83.22 (FedAvg) against 84.58 / 86.21 / 83.38 (PACFL),
+    FedAvg's global model 63.08 / 63.30 / 62.21; at the paper's scale, seed 0: 95.33 against
+    95.30, global 84.53 (docs/reproductions/pacfl.md, "Table 6")."""
+    config = cfg.resolve("pacfl-labelskew30-fmnist-small", ["run.progress=false", "run.threads=1"])
+    result = compare(config, tmp_path, ["fedavg", "pacfl"], data_dir=str(shared_data))
+    pacfl = result["summaries"]["pacfl"]["final"]
+    fedavg = result["summaries"]["fedavg"]["final"]
+    assert fedavg["mean_accuracy"] >= pacfl["mean_accuracy"] - 0.015
+    assert pacfl["mean_accuracy"] >= fedavg["cluster_mean_accuracy"] + 0.10
+
+
 def test_newcomers_get_a_model_as_good_as_the_old_clients(shared_data: Path, tmp_path: Path):
     """Table 3, FMNIST: the 20 newcomers, clustered by PME and fine-tuned once, reach the
     accuracy the 80 federated clients have (within 5 points; measured: 88.22 against 84.03)."""
