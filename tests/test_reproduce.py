@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -171,3 +172,29 @@ def test_a_finished_run_of_another_config_is_left_out_of_the_table(tmp_path: Pat
     rows = {r["label"]: r for r in result["rows"]}
     assert rows["fedavg"]["seeds"] == [] and rows["local"]["seeds"] == [0]
     assert any(line.startswith("fedavg seed 0: left out of the table") for line in lines)
+
+
+def test_a_run_another_command_finishes_meanwhile_joins_the_table(tmp_path: Path, monkeypatch):
+    """Two commands side by side into one folder: the one that ends last writes a table with
+    the other's finished run, and not a run of another config that finished there."""
+    rep.reproduce(small(), tmp_path / "side", names=["fedavg"], seeds=[0])
+    other = cfg.merge(small(), {"train": {"rounds": 1}})
+    rep.reproduce(other, tmp_path / "other", names=["fedavg"], seeds=[1])
+    real = rep.run_jobs
+
+    def beside(*args, **kwargs):
+        # The other command finishes its runs while this one trains.
+        for source, seed in (("side", 0), ("other", 1)):
+            shutil.copytree(tmp_path / source / "fedavg" / f"seed-{seed}",
+                            tmp_path / "r" / "fedavg" / f"seed-{seed}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rep, "run_jobs", beside)
+    result = rep.reproduce(small(), tmp_path / "r", names=["local"], seeds=[0])
+    rows = {r["label"]: r for r in result["rows"]}
+    assert rows["fedavg"]["seeds"] == [0] and rows["local"]["seeds"] == [0]
+    side = json.loads((tmp_path / "side" / "fedavg" / "seed-0" / "summary.json").read_text())
+    assert rows["fedavg"]["own"][0] == pytest.approx(100 * side["final"]["mean_accuracy"])
+    assert "| fedavg (seed 0) | 50.00 ± 5.00 (own) |" in (tmp_path / "r" / "reproduce.md"
+                                                        ).read_text()
+    assert not list((tmp_path / "r").glob(".reproduce*"))   # no partial file left behind

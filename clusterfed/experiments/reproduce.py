@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,7 @@ def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
     seeds_of: dict[str, list[int]] = {label: [] for label, _ in table_runs}
     protocols: dict[str, str] = {}   # each run's eval.protocol (a compare entry may set its own)
     planned: list[tuple[str, int, Job]] = []
+    absent: list[tuple[str, int, Job]] = []   # not finished yet: another command may finish it
     for seed in table_seeds:
         seeded = cfg.merge(dict(config), {"seed": int(seed)})
         for label, algorithm in table_runs:
@@ -157,6 +159,7 @@ def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
             wanted = (label, int(seed)) in asked
             if not wanted or finished_only:   # only read back, never run
                 if not (folder / "summary.json").exists():
+                    absent.append((label, int(seed), Job(run_cfg, folder)))
                     continue
                 if not wanted and not same_run(run_cfg, folder):
                     if progress is not None:
@@ -175,16 +178,38 @@ def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
 
     summaries = run_jobs([job for _, _, job in planned], data_dir, workers=jobs,
                          finished=finished)
-    for (label, seed, _), summary in zip(planned, summaries, strict=True):
-        measured[label].append(figures(summary))
-        seeds_of[label].append(seed)
+    found = {(label, seed): summary
+             for (label, seed, _), summary in zip(planned, summaries, strict=True)}
+    # Two commands side by side into one folder (each its own algorithm or seed) each write
+    # the table as they end: the runs the other one finished meanwhile belong in it too.
+    found.update(finished_since(absent))
+    for seed in table_seeds:
+        for label, _ in table_runs:
+            if (label, seed) in found:
+                measured[label].append(figures(found[label, seed]))
+                seeds_of[label].append(seed)
     result = summarise(config, measured, table_seeds, protocols, seeds_of)
     out.mkdir(parents=True, exist_ok=True)
     if not finished_only:   # the config that ran; a table of finished runs leaves it as it is
         (out / "config.yaml").write_text(cfg.dump(config))
-    (out / "reproduce.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "reproduce.md").write_text(markdown(result))
+    write_atomically(out / "reproduce.json", json.dumps(result, indent=1) + "\n")
+    write_atomically(out / "reproduce.md", markdown(result))
     return result
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """A whole file or none: the command beside this one may be writing the same table."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+def finished_since(absent: Sequence[tuple[str, int, Job]]
+                   ) -> dict[tuple[str, int], dict[str, Any]]:
+    """The summaries of the runs among `absent` that have finished since, of the same config."""
+    return {(label, seed): json.loads((job.folder / "summary.json").read_text())
+            for label, seed, job in absent
+            if (job.folder / "summary.json").exists() and same_run(job.config, job.folder)}
 
 
 def summarise(config: Mapping[str, Any], measured: Mapping[str, Sequence[Mapping[str, float]]],
