@@ -109,8 +109,9 @@ def loads(data: bytes) -> Any:
 
 
 def save_atomic(path: Path, data: bytes) -> None:
-    """Write `data` so that a crash leaves either the old file or the new one, never half."""
-    tmp = path.with_name(path.name + ".tmp")
+    """Write `data` so that a crash leaves either the old file or the new one, never half.
+    The temporary file is the process's own: two commands may write one table side by side."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()

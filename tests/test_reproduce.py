@@ -197,4 +197,4 @@ def test_a_run_another_command_finishes_meanwhile_joins_the_table(tmp_path: Path
     assert rows["fedavg"]["own"][0] == pytest.approx(100 * side["final"]["mean_accuracy"])
     assert "| fedavg (seed 0) | 50.00 ± 5.00 (own) |" in (tmp_path / "r" / "reproduce.md"
                                                         ).read_text()
-    assert not list((tmp_path / "r").glob(".reproduce*"))   # no partial file left behind
+    assert not list((tmp_path / "r").glob("*.tmp"))   # no partial file left behind

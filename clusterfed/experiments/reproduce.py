@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from clusterfed import config as cfg
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import labelled_sections, run_config_of
 from clusterfed.experiments.resumable import Job, check_folder, run_jobs, threads_per_job
+from clusterfed.state import save_atomic
 
 REPRODUCE_KEYS = {"seeds", "algorithms", "paper", "paper_protocol"}
 PROTOCOLS = ("own", "cluster")
@@ -192,16 +192,10 @@ def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
     out.mkdir(parents=True, exist_ok=True)
     if not finished_only:   # the config that ran; a table of finished runs leaves it as it is
         (out / "config.yaml").write_text(cfg.dump(config))
-    write_atomically(out / "reproduce.json", json.dumps(result, indent=1) + "\n")
-    write_atomically(out / "reproduce.md", markdown(result))
+    # Whole files: the command beside this one may be writing the same table.
+    save_atomic(out / "reproduce.json", (json.dumps(result, indent=1) + "\n").encode())
+    save_atomic(out / "reproduce.md", markdown(result).encode())
     return result
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """A whole file or none: the command beside this one may be writing the same table."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.write_text(text)
-    os.replace(partial, path)
 
 
 def finished_since(absent: Sequence[tuple[str, int, Job]]
