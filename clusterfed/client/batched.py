@@ -110,6 +110,25 @@ def evaluate_clients(model: FlatModel, params: torch.Tensor, data: Sequence[Data
 
 
 @torch.no_grad()
+def sample_scores(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                  rows: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each sample's summed loss, correct count and scored targets (float64 arrays), one model
+    over (x, y) in chunks of `rows` samples (default: the sequential chunk)."""
+    n = len(y)
+    loss = torch.zeros(n, dtype=torch.float64, device=params.device)
+    hits = torch.zeros(n, dtype=torch.float64, device=params.device)
+    step = rows or (chunk_rows(y) if n else 1)
+    for start in range(0, n, step):
+        logits = model(params, x[start:start + step])
+        target = y[start:start + step]
+        per = F.cross_entropy(logits, target, reduction="none")   # 0 at ignored targets
+        loss[start:start + step] = _row_sums(per).double()
+        hits[start:start + step] = _row_sums(logits.argmax(1) == target).double()
+    counted = _row_sums(y != IGNORE_INDEX).double() if n else loss
+    return loss.cpu().numpy(), hits.cpu().numpy(), counted.cpu().numpy()
+
+
+@torch.no_grad()
 def evaluate_models(model: FlatModel, stacked: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
                     rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(losses, accuracies) of each of k models (rows of `stacked`) on one client's (x, y).

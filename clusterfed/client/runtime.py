@@ -18,6 +18,7 @@ import torch
 from clusterfed.client.batched import evaluate_clients
 from clusterfed.client.privacy import ParameterTransform
 from clusterfed.client.sgd import OptimizerState, state_arrays, state_from_arrays
+from clusterfed.client.shared_tests import SharedTests, evaluate_shared, shared_tests
 from clusterfed.client.work import run_task, train_task
 from clusterfed.data.federation import Federation
 from clusterfed.models.flat import FlatModel
@@ -97,6 +98,9 @@ class ClientRuntime:
         self.test = [(torch.from_numpy(c.test_x).to(self.device),
                       torch.from_numpy(c.test_y).to(self.device)) for c in federation.clients]
         self._test_keys: list[bytes] | None = None   # filled by the first shared evaluation
+        # The clients' distinct test samples where they overlap (`test: by_labels`), False
+        # where they do not; None until a model is first scored on several distinct test sets.
+        self._shared: SharedTests | bool | None = None
         # train.optimizer_state=kept: each client's optimiser state (momentum buffer or Adam's
         # moments, in plain space) after its last TRAIN task, by data index. It never leaves
         # the client runtime but for a checkpoint (`kept_states`).
@@ -170,15 +174,31 @@ class ClientRuntime:
         """(loss, accuracy) of one model on each listed client's test (or validation) data.
 
         The clients' data go through the model together, in chunks of about 1,000 samples
-        (`client.batched.evaluate_clients`), not one client at a time.
+        (`client.batched.evaluate_clients`), not one client at a time; a test sample several
+        of them hold (`test: by_labels`), once (`client.shared_tests`).
         """
         if self.transform is not None:
             params = self.transform.inverse(params)
         w = torch.as_tensor(params).to(self.device)
         data = self.test if split == "test" else self.validation
         keep, back = self._distinct(clients) if split == "test" else (list(clients), None)
-        figures = evaluate_clients(self.model, w, [data[c] for c in keep]).reshape(-1, 2)
+        figures = self._evaluate_shared(w, keep) if split == "test" else None
+        if figures is None:
+            figures = evaluate_clients(self.model, w, [data[c] for c in keep]).reshape(-1, 2)
         return figures if back is None else figures[back]
+
+    def _evaluate_shared(self, w: torch.Tensor, clients: Sequence[int]) -> np.ndarray | None:
+        """The clients' figures with each test sample they share scored once, or None where
+        they share too few (`client.shared_tests`)."""
+        if len(clients) < 2:
+            return None
+        if self._shared is None:
+            if self._test_keys is None:
+                self._test_keys = [test_key(x, y) for x, y in self.test]
+            self._shared = shared_tests(self.test, self._test_keys) or False
+        if self._shared is False:
+            return None
+        return evaluate_shared(self.model, w, self._shared, clients)
 
     def _distinct(self, clients: Sequence[int]) -> tuple[list[int], np.ndarray | None]:
         """Clients holding the same test data (a scenario's `test: all`: CFL scores every
