@@ -250,6 +250,30 @@ def test_eval_also_cluster_records_the_cluster_model_protocol():
         np.mean(final["cluster_per_client_accuracy"]), abs=1e-6)
 
 
+@pytest.mark.parametrize("algorithm, participation", [("local", 0.5), ("fedavg", 0.25)])
+def test_also_cluster_scores_a_client_served_its_cluster_model_once(algorithm, participation,
+                                                                    monkeypatch):
+    """SOLO's own models are its clusters' models, and a client that never trained is served
+    its cluster model: their cluster figures are their served ones, without a second pass."""
+    config = groups_config(eval={"protocol": "local", "also_cluster": True},
+                           train={"rounds": 1, "participation": participation})
+    config["algorithm"] = {"name": algorithm}
+    sim = Simulation(config)
+    parts: list[str] = []
+    run = sim.executor.run
+    monkeypatch.setattr(sim.executor, "run", lambda tasks, *a: parts.extend(
+        t.meta.get("part") for t in tasks if t.kind is TaskKind.EVALUATE) or run(tasks, *a))
+    final = sim.run()["final"]
+    view = sim.algorithm.clusters(sim.state)
+    trained = {c for c in sim.own_models
+               if not np.array_equal(sim.own_models[c], view.models[view.assignment[c]])}
+    assert parts.count("served") == 8 and parts.count("cluster") == len(trained)
+    assert len(trained) == (0 if algorithm == "local" else 2)
+    for c in range(8):
+        assert final["cluster_per_client_accuracy"][c] == pytest.approx(
+            sim.executor.evaluate(view.models[view.assignment[c]], [c])[0, 1], abs=1e-6)
+
+
 PACFL_PRESETS = [n for n in cfg.preset_names() if n.startswith("pacfl-")]
 
 

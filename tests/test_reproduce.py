@@ -143,6 +143,8 @@ def test_finished_tabulates_the_finished_runs_and_runs_nothing(capsys, tmp_path:
     # Running local's seed kept fedavg's finished rows in the folder's table.
     kept = (tmp_path / "r" / "reproduce.md").read_text()
     assert "| fedavg | 50.00 ± 5.00 (own) |" in kept and "| local (seed 1) |" in kept
+    # Rows in the preset's order, not the named algorithm first.
+    assert kept.index("| fedavg |") < kept.index("| local (seed 1) |")
     monkeypatch.setattr(resumable, "run_config", lambda *a, **k: pytest.fail("ran"))
     monkeypatch.setattr(simulation, "build_federation_for", lambda *a, **k: pytest.fail("built"))
     ran = (tmp_path / "r" / "config.yaml").read_text()

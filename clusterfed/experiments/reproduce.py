@@ -141,8 +141,13 @@ def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
     out = Path(out_dir)
     # The table covers the preset's algorithms and seeds besides those named, read from the
     # folder's finished runs: running one more (algorithm, seed) never drops the others' rows.
+    # Rows in the preset's order whichever algorithms a command names (the named ones the
+    # preset does not list last): tables written by commands of different names stay alike.
     named = {label for label, _ in runs}
-    table_runs = runs + [r for r in runs_of(config) if r[0] not in named]
+    preset = runs_of(config)
+    order = {label: i for i, (label, _) in enumerate(preset)}
+    table_runs = sorted(runs + [r for r in preset if r[0] not in named],
+                        key=lambda r: order.get(r[0], len(order)))
     table_seeds = sorted({*seed_list, *preset_seeds})
     asked = {(label, int(seed)) for label in named for seed in seed_list}
     measured: dict[str, list[dict[str, float]]] = {label: [] for label, _ in table_runs}

@@ -92,6 +92,15 @@ def served_tasks(ev: EvalContext, own: Mapping[int, np.ndarray] | None, part: st
     return tasks + [_task(c, params, part) for c, params in own.items()]
 
 
+def served_its_cluster_model(ev: EvalContext) -> np.ndarray:
+    """(n,) bool: the clients the 'local' protocol served their cluster model (no own model,
+    or one equal to it: SOLO's own models are its 'clusters'), whose cluster figures are their
+    served ones and need no second pass."""
+    own = ev.own_models or {}
+    return np.array([c not in own or np.array_equal(own[c], ev.view.models[k])
+                     for c, k in enumerate(ev.view.assignment)], dtype=bool)
+
+
 def has_figures(result: ClientResult) -> bool:
     """A result that scored something: figures over at least one test sample (a client
     without test data answers 0s over none, which would pull every mean down)."""
@@ -130,7 +139,8 @@ class Served:
             return None
         tasks = served_tasks(ev, ev.own_models if self.local else None, "served")
         if self.local and ev.also_cluster:
-            tasks += served_tasks(ev, None, "cluster")
+            alike = served_its_cluster_model(ev)
+            tasks += [t for t in served_tasks(ev, None, "cluster") if not alike[t.client]]
         return tasks
 
     @staticmethod
@@ -154,10 +164,12 @@ class Served:
             record = round_record(adapted, ev.view, ev.true_clusters, ev.target_accuracy)
             record["served_mean_accuracy"] = evaluated_mean(figures(ev, done[0], "served")[:, 1])
             return record
-        record = round_record(figures(ev, done[0], "served"), ev.view, ev.true_clusters,
-                              ev.target_accuracy)
+        served = figures(ev, done[0], "served")
+        record = round_record(served, ev.view, ev.true_clusters, ev.target_accuracy)
         if self.local and ev.also_cluster:
             acc = figures(ev, done[0], "cluster")[:, 1]
+            alike = served_its_cluster_model(ev)
+            acc[alike] = served[alike, 1]
             record.update({"cluster_mean_accuracy": evaluated_mean(acc),
                            "cluster_per_client_accuracy": [round(float(a), 6) for a in acc]})
         return record
