@@ -117,7 +117,7 @@ def sample_scores(model: FlatModel, params: torch.Tensor, x: torch.Tensor, y: to
     n = len(y)
     loss = torch.zeros(n, dtype=torch.float64, device=params.device)
     hits = torch.zeros(n, dtype=torch.float64, device=params.device)
-    step = rows or (chunk_rows(y) if n else 1)
+    step = rows or chunk_rows(y)
     for start in range(0, n, step):
         logits = model(params, x[start:start + step])
         target = y[start:start + step]

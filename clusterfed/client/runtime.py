@@ -193,9 +193,7 @@ class ClientRuntime:
         if len(clients) < 2:
             return None
         if self._shared is None:
-            if self._test_keys is None:
-                self._test_keys = [test_key(x, y) for x, y in self.test]
-            self._shared = shared_tests(self.test, self._test_keys) or False
+            self._shared = shared_tests(self.test, self._set_keys()) or False
         if self._shared is False:
             return None
         return evaluate_shared(self.model, w, self._shared, clients)
@@ -206,15 +204,20 @@ class ClientRuntime:
         order, and where each client's figures are among theirs (None: all distinct)."""
         if len(clients) < 2:
             return list(clients), None
-        if self._test_keys is None:
-            self._test_keys = [test_key(x, y) for x, y in self.test]
+        keys = self._set_keys()
         first: dict[bytes, int] = {}
         keep: list[int] = []
         back = np.empty(len(clients), dtype=np.int64)
         for i, c in enumerate(clients):
-            key = self._test_keys[c]
+            key = keys[c]
             if key not in first:
                 first[key] = len(keep)
                 keep.append(c)
             back[i] = first[key]
         return keep, (None if len(keep) == len(clients) else back)
+
+    def _set_keys(self) -> list[bytes]:
+        """A digest of each client's whole test set, computed at the first shared evaluation."""
+        if self._test_keys is None:
+            self._test_keys = [test_key(x, y) for x, y in self.test]
+        return self._test_keys
