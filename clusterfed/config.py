@@ -165,13 +165,45 @@ def merge(base: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
         if kind in value and value[kind] != merged.get(kind):
             common = DEFAULTS[section].keys() | KIND_INDEPENDENT.get(section, set())
             merged = {k: v for k, v in merged.items() if k in common}
-        merged.update(value)
+        for key, item in value.items():
+            merged[key] = _patched(merged.get(key), item, f"{section}.{key}")
         out[section] = merged
     return out
 
 
+class _Dotted(dict):
+    """Keys that a dotted override sets below a section's key: merged into what is there,
+    where any other mapping in a patch replaces the value it patches."""
+
+
+def _patched(base: Any, patch: Any, path: str) -> Any:
+    """`patch` over `base` at `path`; a dotted patch that changes a mapping's `kind` drops the
+    old kind's keys, as a section's kind change does."""
+    if not isinstance(patch, _Dotted):
+        return _plain(patch)
+    if base is None:
+        base = {}
+    if not isinstance(base, Mapping):
+        raise ConfigError(f"cannot set {path}.{next(iter(patch))}: {path} is {base!r}, "
+                          f"not a mapping")
+    out = {} if "kind" in patch and patch["kind"] != base.get("kind") else dict(base)
+    for key, value in patch.items():
+        out[key] = _patched(out.get(key), value, f"{path}.{key}")
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """Plain dicts all the way down, so a resolved config dumps as YAML."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
+
+
 def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
-    """['train.lr=0.1', 'seed=3'] -> {'train': {'lr': 0.1}, 'seed': 3}; values are YAML."""
+    """['train.lr=0.1', 'seed=3'] -> {'train': {'lr': 0.1}, 'seed': 3}; values are YAML.
+
+    A key below a section's key (`scenario.labels.kind=dirichlet`) sets that one entry and
+    keeps the mapping's others."""
     patch: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -182,8 +214,8 @@ def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
         except yaml.YAMLError as err:
             raise ConfigError(f"override {item!r}: cannot parse the value ({err})") from err
         parts = key.split(".")
-        if len(parts) > 2:
-            raise ConfigError(f"override key {key!r} is nested too deeply; use section.key")
+        if not all(parts):
+            raise ConfigError(f"override key {key!r} has an empty part; use section.key.subkey")
         if parts[0] not in DEFAULTS:
             raise ConfigError(
                 f"unknown config section {parts[0]!r} in override {item!r}; "
@@ -196,8 +228,20 @@ def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
         else:
             if not isinstance(DEFAULTS[parts[0]], dict):
                 raise ConfigError(f"{parts[0]} is a value, not a section: use {parts[0]}=VALUE")
-            patch.setdefault(parts[0], {})[parts[1]] = value
+            _set_dotted(patch.setdefault(parts[0], {}), parts[1:], value, item)
     return patch
+
+
+def _set_dotted(node: dict[str, Any], parts: list[str], value: Any, item: str) -> None:
+    """Set node[a][b]...[z] = value for parts [a, b, ..., z], making dotted levels on the way."""
+    for depth, part in enumerate(parts[:-1]):
+        if part not in node or node[part] is None:
+            node[part] = _Dotted()
+        elif not isinstance(node[part], dict):
+            raise ConfigError(f"override {item!r}: an earlier override set "
+                              f"{'.'.join(parts[:depth + 1])} to {node[part]!r}, not a mapping")
+        node = node[part]
+    node[parts[-1]] = value
 
 
 def resolve(source: str | Mapping[str, Any], overrides: Iterable[str] = ()) -> dict[str, Any]:

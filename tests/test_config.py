@@ -47,11 +47,55 @@ def test_changing_a_kind_drops_the_old_kinds_own_keys():
     (["seed=one"], r"seed must be an integer"),
     (["train"], r"not of the form key=value"),
     (["train=3"], r"names a section"),
-    (["a.b.c=1"], r"nested too deeply"),
+    (["a.b.c=1"], r"unknown config section 'a'"),
+    (["train.lr.x=1"], r"cannot set train\.lr\.x: train\.lr is 0\.\d+, not a mapping"),
+    (["run.foo.bar=1"], r"unknown config key run\.foo in section 'run'"),
+    (["scenario.clients.x=1"],
+     r"cannot set scenario\.clients\.x: scenario\.clients is 20, not a mapping"),
+    (["scenario..kind=x"], r"empty part"),
 ])
 def test_bad_overrides(overrides, message):
     with pytest.raises(ConfigError, match=message):
         cfg.resolve("quickstart", overrides)
+
+
+def test_nested_overrides_set_one_key_at_any_depth():
+    base = {"scenario": {"kind": "rotation", "clients": 8, "clusters": 2,
+                         "labels": {"kind": "label_skew", "labels_per_client": 2},
+                         "drift": {"round": 5, "clients": 2}}}
+    config = cfg.resolve(base, ["scenario.labels.labels_per_client=3",
+                                "scenario.drift.to.x.y=1", "algorithm.a.b.c.d=[1, 2]"])
+    assert config["scenario"]["labels"] == {"kind": "label_skew", "labels_per_client": 3}
+    assert config["scenario"]["drift"] == {"round": 5, "clients": 2, "to": {"x": {"y": 1}}}
+    assert config["algorithm"]["a"] == {"b": {"c": {"d": [1, 2]}}}
+    assert base["scenario"]["labels"]["labels_per_client"] == 2     # the source is untouched
+    # a resolved config is plain YAML again
+    assert cfg.resolve(yaml_round_trip(config)) == config
+
+
+def test_a_nested_kind_change_drops_the_old_kinds_keys_in_any_order():
+    base = {"scenario": {"kind": "rotation", "clients": 8, "clusters": 2,
+                         "labels": {"kind": "label_skew", "labels_per_client": 2}}}
+    for overrides in (["scenario.labels.kind=dirichlet", "scenario.labels.alpha=0.5"],
+                      ["scenario.labels.alpha=0.5", "scenario.labels.kind=dirichlet"]):
+        config = cfg.resolve(base, overrides)
+        assert config["scenario"]["labels"] == {"kind": "dirichlet", "alpha": 0.5}
+    same = cfg.resolve(base, ["scenario.labels.kind=label_skew"])
+    assert same["scenario"]["labels"] == {"kind": "label_skew", "labels_per_client": 2}
+
+
+def test_a_nested_override_of_an_unknown_scenario_key_is_one_clear_error():
+    from clusterfed.data import build_federation, load_dataset
+    config = cfg.resolve("quickstart", ["scenario.kind=rotation", "scenario.clusters=2",
+                                        "scenario.labels.kind=dirichlet",
+                                        "scenario.labels.alpah=0.5"])
+    with pytest.raises(ConfigError, match=r"scenario\.labels.*alpah"):
+        build_federation(load_dataset("digits"), config["scenario"], seed=0)
+
+
+def yaml_round_trip(config):
+    import yaml
+    return yaml.safe_load(cfg.dump(config))
 
 
 def test_unknown_preset_lists_valid_ones(tmp_path):
