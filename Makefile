@@ -8,7 +8,7 @@ PRESET ?= quickstart
 # a module goes to one worker whole, so its module fixtures run once.
 TEST_WORKERS ?= auto
 
-.PHONY: run test test-flower bench bench-quick benchmark reproduce reproduce-tests lint clean
+.PHONY: run test test-fast test-flower docs bench bench-quick benchmark reproduce reproduce-tests lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,13 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check clusterfed tests benchmarks
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
+
+# The tests that run no simulation (marker `fast`: maths, scenarios, readers, config,
+# clustering, tasks), for the edit-test loop: under a minute on 2 cores.
+test-fast: $(VENV)/.installed-test
+	$(BIN)/ruff check clusterfed tests benchmarks
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope \
+		-m 'fast and not reproduction and not slow and not flower'
 
 # Real SuperLink and SuperNode processes on 127.0.0.1: minutes of process starts, so apart.
 test-flower: $(VENV)/.installed-test

@@ -43,6 +43,20 @@ def _isolated_data_root(tmp_path_factory: pytest.TempPathFactory,
     monkeypatch.setenv("CLUSTERFED_DATA", str(tmp_path_factory.getbasetemp() / "data-root"))
 
 
+@pytest.fixture(autouse=True)
+def _fast_tests_run_no_simulation(request: pytest.FixtureRequest,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # `make test-fast` stays fast only while its tests (marker `fast`) build no Simulation.
+    if request.node.get_closest_marker("fast") is None:
+        return
+    from clusterfed.sim.simulation import Simulation
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        pytest.fail(f"{request.node.nodeid} is marked fast but runs a simulation: "
+                    "remove the module's `pytestmark = pytest.mark.fast`")
+    monkeypatch.setattr(Simulation, "__init__", refuse)
+
+
 @pytest.fixture
 def torch_threads():
     """Set torch's thread count for the test: `torch_threads(n)`; the count before is restored

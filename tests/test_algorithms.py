@@ -11,6 +11,8 @@ from clusterfed.client import ClientResult, TaskKind, TrainSpec
 from clusterfed.errors import ConfigError
 from clusterfed.sim.sampling import clients_per_round, sample_clients, task_seed
 
+pytestmark = pytest.mark.fast
+
 SPEC = TrainSpec(lr=0.1, batch_size=10)
 
 

@@ -7,6 +7,8 @@ import pytest
 
 from clusterfed.algorithms.cfl import separation as sep
 
+pytestmark = pytest.mark.fast
+
 
 def test_synthetic_gradients_are_stationary_with_noise_at_gamma():
     rng = np.random.default_rng(0)

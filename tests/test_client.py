@@ -16,6 +16,8 @@ from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel
 from clusterfed.tasks import match_results, numbered
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture
 def setup():

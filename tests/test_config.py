@@ -7,6 +7,8 @@ import pytest
 from clusterfed import config as cfg
 from clusterfed.errors import ConfigError
 
+pytestmark = pytest.mark.fast
+
 
 def test_every_preset_resolves():
     assert {"quickstart", "mnist-iid"} <= set(cfg.preset_names())

@@ -14,6 +14,8 @@ from clusterfed.data import corruptions as cx
 from clusterfed.data import load_dataset
 from clusterfed.data.transforms import Corrupt
 
+pytestmark = pytest.mark.fast
+
 
 def constant(value: float, shape: tuple[int, ...] = (50, 1, 32, 32)) -> np.ndarray:
     return np.full(shape, value)

@@ -16,6 +16,8 @@ from clusterfed.data import idx as idx_module
 from clusterfed.data.idx import load_idx_dataset, parse_idx
 from clusterfed.errors import ConfigError, DataError
 
+pytestmark = pytest.mark.fast
+
 MNIST_FILES = (
     "train-images-idx3-ubyte.gz",
     "train-labels-idx1-ubyte.gz",

@@ -21,6 +21,8 @@ from clusterfed.data.describe import (
 from clusterfed.data.scenarios import ClientData, Federation
 from clusterfed.report.scenario_plots import label_heatmap
 
+pytestmark = pytest.mark.fast
+
 PLOTS = ("clients_per_cluster.png", "samples_per_client.png", "label_histogram.png")
 
 

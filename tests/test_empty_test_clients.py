@@ -4,10 +4,13 @@ over the clients that hold test data (quantity skew leaves some clients none).""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from clusterfed.algorithms import ClusterView
 from clusterfed.client import ClientResult, ClientTask, TaskKind
 from clusterfed.sim.protocols import PROTOCOLS, EvalContext, run_protocol
+
+pytestmark = pytest.mark.fast
 
 
 def answer(task: ClientTask, sizes: dict[int, int], accuracy: dict[int, float]) -> ClientResult:

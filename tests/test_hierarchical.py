@@ -11,6 +11,8 @@ from scipy.spatial.distance import cdist
 from clusterfed.clustering import hierarchical as hc
 from clusterfed.clustering.precomputed import first_appearance_labels
 
+pytestmark = pytest.mark.fast
+
 PAIRINGS = [(m, k) for m in hc.METRICS for k in hc.LINKAGES if k != "ward" or m == "l2"]
 
 

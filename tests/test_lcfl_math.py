@@ -15,6 +15,8 @@ from clusterfed.client.work import losses
 from clusterfed.clustering import precomputed as pc
 from clusterfed.models import FlatModel
 
+pytestmark = pytest.mark.fast
+
 
 def test_distance_on_a_hand_built_case():
     # L[i, j] = L_i(w_j). d(0,1) = |1 - 3| + |4 - 2| = 4; d(0,2) = |1 - 1.5| + |0.5 - 1| = 1;

@@ -8,6 +8,8 @@ import pytest
 from clusterfed.config import resolve
 from clusterfed.report import plots
 
+pytestmark = pytest.mark.fast
+
 
 def test_quickstart_methods_get_distinct_colour_and_style(tmp_path, monkeypatch):
     names = resolve("quickstart")["compare"]["algorithms"]   # 13 methods, tab10 has 10 colours

@@ -10,6 +10,8 @@ from clusterfed.algorithms.pacfl import principal_angles as pa
 from clusterfed.clustering.metrics import clustering_scores
 from clusterfed.clustering.precomputed import first_appearance_labels
 
+pytestmark = pytest.mark.fast
+
 E = np.eye(4)
 
 

@@ -25,6 +25,8 @@ from clusterfed.data import load_dataset
 from clusterfed.data.images import fit_images
 from clusterfed.errors import ConfigError, DataError
 
+pytestmark = pytest.mark.fast
+
 
 def md5(data: bytes) -> str:
     return hashlib.md5(data).hexdigest()

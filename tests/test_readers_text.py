@@ -38,6 +38,8 @@ from clusterfed.data.text import (
 )
 from clusterfed.errors import ConfigError, DataError
 
+pytestmark = pytest.mark.fast
+
 
 def md5(data: bytes) -> str:
     return hashlib.md5(data).hexdigest()

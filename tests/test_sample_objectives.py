@@ -18,6 +18,8 @@ from clusterfed.sim.processes import ProcessExecutor
 from clusterfed.sim.vectorised import VectorisedExecutor
 from clusterfed.tasks import LocalObjective, LossSpec, numbered
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture
 def setup():

@@ -12,6 +12,8 @@ from clusterfed.data import SCENARIOS, Dataset, Federation, build_federation, lo
 from clusterfed.data.transforms import Rotate
 from clusterfed.errors import ConfigError
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture(scope="module")
 def digits() -> Dataset:

@@ -14,6 +14,8 @@ from clusterfed.data import partition as part
 from clusterfed.data.transforms import Invert, LabelMap, Rotate
 from clusterfed.errors import ConfigError
 
+pytestmark = pytest.mark.fast
+
 # ---------------------------------------------------------------- synthetic data
 
 

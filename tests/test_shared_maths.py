@@ -22,6 +22,8 @@ from clusterfed.clustering.similarity import (
     gram_matrix,
 )
 
+pytestmark = pytest.mark.fast
+
 # Per-cluster FedAvg ----------------------------------------------------------------------------
 
 

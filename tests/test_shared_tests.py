@@ -14,6 +14,8 @@ from clusterfed.data import build_federation, load_dataset
 from clusterfed.models import FlatModel, build_model
 from clusterfed.sim.executor import SequentialExecutor
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture(scope="module")
 def by_labels():

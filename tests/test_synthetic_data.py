@@ -10,6 +10,8 @@ from clusterfed.data.synthetic import mixture_labels, sample_sizes
 from clusterfed.errors import ConfigError
 from tests.helpers import tiny_config
 
+pytestmark = pytest.mark.fast
+
 
 def load(**options):
     return DATASETS.get("fedem_synthetic")(None, **options)
