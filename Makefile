@@ -65,8 +65,17 @@ reproduce: $(VENV)/.installed
 reproduce-tests: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -m 'reproduction or slow'
 
+$(VENV)/.installed-docs: $(VENV)/.installed
+	$(PIP) -e '.[docs]'
+	touch $@
+
+# The documentation site in site/ (docs/, with the method options generated from the code);
+# --strict: a broken link or anchor fails the build.
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check clusterfed tests benchmarks
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs site

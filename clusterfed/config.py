@@ -36,7 +36,8 @@ DEFAULTS: dict[str, Any] = {
     "algorithm": {"name": "fedavg"},
     "eval": {
         # "cluster": the client's cluster model; "local": its own last trained model; also
-        # "best_of_path", "sampled_local" (LCFL's authors), "min_test_loss" (IFCA's): README
+        # "best_of_path", "sampled_local" (LCFL's authors), "min_test_loss" (IFCA's), "mixture":
+        # docs/configuration.md
         "protocol": "cluster",
         "every": 1,             # evaluate every N rounds (and always after the last)
         "validation_fraction": 0.0,  # share of each client's training data held out

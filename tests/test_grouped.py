@@ -302,7 +302,7 @@ def test_auto_groups_small_steps_on_several_cores_and_on_one():
 
 def test_auto_leaves_mlps_to_the_sequential_executor_and_plain_workers():
     # An MLP uses each weight once a sample: grouped it streams every client's weights and
-    # measured 0.43x sequential at batch 10 (docs/benchmarks.md, 2026-11-29).
+    # measured 0.43x sequential at batch 10 (docs/speed.md, 2026-11-29).
     from clusterfed import config as cfg
     from clusterfed.sim.build import build_federation_for
     from clusterfed.sim.choice import auto_kind, workload

@@ -31,19 +31,19 @@ MIN_CLIENTS_FOR_PROCESSES = 2
 # ... through at least this many samples of local SGD: below it a round takes milliseconds,
 # and starting the workers (0.1 s and up, the first pool of a process 1 to 2 s) would not pay.
 # Such a round of a model the grouped executor trains is grouped in this process instead:
-# digits_cnn at batch 16, 2.2x the sequential executor (docs/benchmarks.md, 2026-11-27).
+# digits_cnn at batch 16, 2.2x the sequential executor (docs/speed.md, 2026-11-27).
 MIN_SAMPLES_FOR_PROCESSES = 2000
 # With several cores, `auto` trains small models in grouped workers: each single-threaded
 # worker trains its share of the round as one wider model (sim/grouped.py). Where a local step
 # is at most this many training FLOPs per client (batch x forward and backward per sample).
-# Measured on 2 cores, whole rounds with evaluation (docs/benchmarks.md, 2026-11-27): against
+# Measured on 2 cores, whole rounds with evaluation (docs/speed.md, 2026-11-27): against
 # plain workers, cfl_convnet at batch 10 (13 MFLOP a step) 1.9x, at batch 128 (164 MFLOP)
 # 1.24x; fedavg_cnn at batch 10 (724 MFLOP) plain workers win. Its sums run in another order,
 # so its results equal a sequential run's to float tolerance, not bit for bit
 # (`run.executor=processes` keeps them bit for bit).
 MAX_STEP_FLOPS_FOR_GROUPED = 200e6
 # With one core `auto` groups a round in this process where a local step is at most this many
-# FLOPs. Measured against the sequential executor at one thread (docs/benchmarks.md): 2.5-2.8x
+# FLOPs. Measured against the sequential executor at one thread (docs/speed.md): 2.5-2.8x
 # at 13 MFLOP (cfl_convnet at batch 10), 1.05-1.13x at 164 and 375 (cfl_convnet at batch 128,
 # cnn_femnist_tiny at 20), 0.60-0.72x at 724 (fedavg_cnn at 10). Float tolerance, not bit for
 # bit: the one-thread runs recorded before 2026-11-27 were sequential, and
@@ -53,7 +53,7 @@ MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE = 400e6
 # step streams every client's copy of the weights through memory, where the sequential
 # executor keeps one copy in cache. Forward FLOPs a sample per parameter: an MLP's Linear
 # layers give 2 (one multiply-add a weight), the CNNs measured here 13-94. Measured at one
-# thread (docs/benchmarks.md, 2026-11-29), MLP 784-200-10 at batch 10 / 50 / 150: grouped
+# thread (docs/speed.md, 2026-11-29), MLP 784-200-10 at batch 10 / 50 / 150: grouped
 # 0.43x / 0.81x / 0.96x sequential, grouped workers 0.85x plain ones at batch 10; LeNet-5
 # (12.7) 1.93x, digits_cnn (13.4) 2.2x, cfl_convnet (94) 2.5-2.8x.
 MIN_FLOPS_PER_PARAMETER_FOR_GROUPED = 4.0
@@ -105,7 +105,7 @@ def auto_kind(device: torch.device, workload: Workload | None) -> tuple[str, str
     process; otherwise sequential. All but grouped give a one-thread sequential run's results
     bit for bit; grouped gives them to float tolerance.
 
-    Measured (docs/benchmarks.md, 2 cores): on a quiet machine two single-threaded workers beat
+    Measured (docs/speed.md, 2 cores): on a quiet machine two single-threaded workers beat
     one two-threaded process (FedAvg CNN at batch 50: 2.89 against 3.29 s a round); when other
     jobs leave the run one core's share, the two threads of one process stall each other (2.9
     to 180 times slower than two workers), while two workers cost at most 32 % over one thread.

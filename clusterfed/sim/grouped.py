@@ -53,7 +53,7 @@ from clusterfed.sim.vectorised import VectorisedExecutor, batch_plan, task_obsta
 from clusterfed.tasks import MAML_BATCHES, ClientResult, ClientTask, LocalObjective, TrainSpec
 
 # Floats of the widest layer's output per group call. Measured on a 2-core EPYC (img per
-# CPU second, docs/benchmarks.md): the best group held about 1-2.5M (cfl_convnet at batch
+# CPU second, docs/speed.md): the best group held about 1-2.5M (cfl_convnet at batch
 # 128: 5 clients; cnn_femnist_tiny at batch 20: 10; fedavg_cnn at batch 10: 5).
 ACTIVATION_FLOATS = 2 * 2**20
 

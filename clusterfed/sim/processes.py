@@ -4,7 +4,7 @@ a round's tasks through its own `ClientRuntime` (`client/runtime.py`).
 Two threads of one process split each small convolution and wait for each other at every
 layer (and, when other jobs share the cores, spin while the other is descheduled); two
 single-threaded processes each training their own clients keep both cores busy
-(docs/benchmarks.md). Results never depend on which process runs a task: each task draws from
+(docs/speed.md). Results never depend on which process runs a task: each task draws from
 its own generator (`sim.sampling.task_seed`), and every worker computes with one thread.
 
 - Start: workers start at the first `run` and live until `close()` (the Simulation closes its
@@ -25,7 +25,7 @@ its own generator (`sim.sampling.task_seed`), and every worker computes with one
 - Evaluation (`evaluate`) of one model over many clients' test data runs here, with one
   thread: the evaluation is a small part of a round, and two threads of one process on a
   machine that other jobs keep busy wait for each other at every barrier (measured:
-  docs/benchmarks.md).
+  docs/speed.md).
 - Errors: a task that raises in a worker raises `WorkerError` here, with the worker's
   traceback; a worker that dies takes the pool down and raises `WorkerError`.
 

@@ -98,7 +98,7 @@ class PACFL:
     newcomer_rule: str = "nearest"       # or "rerun" (Alg. 3 line 4)
     reassign_existing: bool = False      # rerun: let it move old clients between clusters
     finetune_newcomers: bool = True      # Alg. 3 line 6: train once locally on arrival
-    # Not claimed: label swaps keep each client's images, hence its signature (see README).
+    # Not claimed: label swaps keep each client's images, hence its signature (see docs/methods.md).
     sees: ClassVar[frozenset[str]] = frozenset({"feature", "label"})
     toy_mixture_options: ClassVar[dict[str, Any] | None] = None
     own_newcomers: ClassVar[bool] = True   # Algs. 2-3: the `newcomers` section sets its own

@@ -1,0 +1,49 @@
+"""The generated option reference lists every option of every registered method."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from clusterfed.algorithms import ALGORITHMS
+from clusterfed.docs_gen import field_comments, method_options, options_reference
+
+pytestmark = pytest.mark.fast
+
+
+def sections(text: str) -> dict[str, str]:
+    """Method name -> its section of the reference."""
+    parts = text.split("\n## `")[1:]
+    return {part.split("`", 1)[0]: part for part in parts}
+
+
+def test_every_field_of_every_method_is_in_the_reference():
+    found = sections(options_reference())
+    assert sorted(found) == sorted(ALGORITHMS.names())
+    for name in ALGORITHMS.names():
+        fields = [f.name for f in dataclasses.fields(ALGORITHMS.get(name)) if f.init]
+        rows = {line.split("`")[1] for line in found[name].splitlines()
+                if line.startswith("| `")}
+        assert rows == set(fields), name
+
+
+def test_a_row_has_the_default_the_choices_and_the_comment():
+    rows = {option: (default, meaning) for option, default, meaning in method_options("cfl")}
+    assert rows["gamma_max"] == ("0.1", "Eq. 39 (\"fixed\"); 0 accepts every split "
+                                        "(authors' code)")
+    default, meaning = rows["acceptance"]
+    assert default == "'estimated'" and meaning.startswith("one of estimated, fixed. Which")
+
+
+def test_comments_above_and_beside_a_field_are_joined():
+    @dataclasses.dataclass
+    class Toy:
+        # above, first line
+        # above, second line
+        a: int = 1   # beside a
+        b: str = "x"
+        c: list = dataclasses.field(default_factory=list)   # beside c
+
+    assert field_comments(Toy) == {"a": "above, first line above, second line beside a",
+                                   "c": "beside c"}
