@@ -16,6 +16,8 @@ import textwrap
 import tokenize
 from typing import Any
 
+import yaml
+
 from clusterfed.algorithms import ALGORITHMS
 
 TITLE = "# Method options"
@@ -65,11 +67,17 @@ def _comments_in(source: str) -> dict[str, str]:
 
 
 def _default(field: dataclasses.Field[Any]) -> str:
+    """The field's default as it is written in a config (YAML), or "required"."""
     if field.default is not dataclasses.MISSING:
-        return repr(field.default)
-    if field.default_factory is not dataclasses.MISSING:
-        return repr(field.default_factory())
-    return "required"
+        value = field.default
+    elif field.default_factory is not dataclasses.MISSING:
+        value = field.default_factory()
+    else:
+        return "required"
+    if isinstance(value, tuple | frozenset | set):
+        value = list(value)
+    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 16).strip()
+    return text.removesuffix("...").strip()
 
 
 def _cell(text: str) -> str:

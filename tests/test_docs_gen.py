@@ -33,7 +33,8 @@ def test_a_row_has_the_default_the_choices_and_the_comment():
     assert rows["gamma_max"] == ("0.1", "Eq. 39 (\"fixed\"); 0 accepts every split "
                                         "(authors' code)")
     default, meaning = rows["acceptance"]
-    assert default == "'estimated'" and meaning.startswith("one of estimated, fixed. Which")
+    assert default == "estimated" and meaning.startswith("one of estimated, fixed. Which")
+    assert rows["eps1"][0] == "null" and rows["newcomers"][0] == "[]"
 
 
 def test_comments_above_and_beside_a_field_are_joined():
