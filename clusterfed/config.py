@@ -229,18 +229,20 @@ def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
         else:
             if not isinstance(DEFAULTS[parts[0]], dict):
                 raise ConfigError(f"{parts[0]} is a value, not a section: use {parts[0]}=VALUE")
-            _set_dotted(patch.setdefault(parts[0], {}), parts[1:], value, item)
+            set_dotted(patch, parts, value, f"override {item!r}")
     return patch
 
 
-def _set_dotted(node: dict[str, Any], parts: list[str], value: Any, item: str) -> None:
-    """Set node[a][b]...[z] = value for parts [a, b, ..., z], making dotted levels on the way."""
-    for depth, part in enumerate(parts[:-1]):
+def set_dotted(patch: dict[str, Any], parts: list[str], value: Any, item: str) -> None:
+    """Set patch[section][a]...[z] = value for parts [section, a, ..., z], making dotted levels
+    on the way; `item` names the key in an error."""
+    node = patch.setdefault(parts[0], {})
+    for depth, part in enumerate(parts[1:-1], start=1):
         if part not in node or node[part] is None:
             node[part] = _Dotted()
         elif not isinstance(node[part], dict):
-            raise ConfigError(f"override {item!r}: an earlier override set "
-                              f"{'.'.join(parts[:depth + 1])} to {node[part]!r}, not a mapping")
+            raise ConfigError(f"{item}: an earlier key set {'.'.join(parts[:depth + 1])} to "
+                              f"{node[part]!r}, not a mapping")
         node = node[part]
     node[parts[-1]] = value
 

@@ -55,6 +55,7 @@ def test_changing_a_kind_drops_the_old_kinds_own_keys():
     (["scenario.clients.x=1"],
      r"cannot set scenario\.clients\.x: scenario\.clients is 20, not a mapping"),
     (["scenario..kind=x"], r"empty part"),
+    (["scenario.labels=3", "scenario.labels.kind=x"], r"an earlier key set scenario\.labels to 3"),
 ])
 def test_bad_overrides(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -132,3 +133,14 @@ def test_changing_the_kind_keeps_common_scenario_options():
     config = cfg.resolve(base, ["scenario.kind=rotation"])
     assert config["scenario"]["samples_per_client"] == 50
     assert config["scenario"]["quantity_skew"] == 0.5 and "pairs" not in config["scenario"]
+
+
+def test_sweep_keys_reach_any_depth_as_overrides_do():
+    from clusterfed.experiments.sweep import patch_of
+    base = cfg.resolve({"scenario": {"kind": "rotation", "clients": 8, "clusters": 2,
+                                     "labels": {"kind": "dirichlet", "alpha": 1.0}}})
+    patched = cfg.merge(base, patch_of({"scenario.labels.alpha": 0.1, "train.lr": 0.2}))
+    assert patched["scenario"]["labels"] == {"kind": "dirichlet", "alpha": 0.1}
+    assert patched["train"]["lr"] == 0.2
+    with pytest.raises(ConfigError, match=r"sweep key 'scenario\.\.alpha' must be a config key"):
+        patch_of({"scenario..alpha": 1})

@@ -46,16 +46,18 @@ SWEEP_KEYS = {"grid", "cases", "baseline", "rounds", "labels", "best_over"}
 
 
 def patch_of(values: Mapping[str, Any]) -> dict[str, Any]:
-    """{'train.lr': 0.1, 'seed': 2} -> {'train': {'lr': 0.1}, 'seed': 2} (a config patch)."""
+    """{'train.lr': 0.1, 'seed': 2} -> {'train': {'lr': 0.1}, 'seed': 2} (a config patch);
+    a deeper key sets one entry of a nested mapping, as an override does."""
     patch: dict[str, Any] = {}
     for key, value in values.items():
         parts = str(key).split(".")
-        if parts[0] not in cfg.DEFAULTS or len(parts) > 2 or parts[0] == "sweep":
-            raise ConfigError(f"sweep key {key!r} must be a config key: section.key or seed")
+        if parts[0] not in cfg.DEFAULTS or not all(parts) or parts[0] == "sweep":
+            raise ConfigError(f"sweep key {key!r} must be a config key: section.key (at any "
+                              f"depth) or seed")
         if len(parts) == 1:
             patch[parts[0]] = value
         else:
-            patch.setdefault(parts[0], {})[parts[1]] = value
+            cfg.set_dotted(patch, parts, value, f"sweep key {key!r}")
     return patch
 
 
