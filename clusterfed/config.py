@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
@@ -94,19 +95,23 @@ def presets_dir() -> Path:
 
 
 def preset_paths() -> dict[str, Path]:
-    """Every preset, name -> file: `presets_dir()` and each registered method's `presets/`."""
-    # Imported here: the registry sits above this module (the methods' folders).
-    from clusterfed.algorithms import ALGORITHMS
-
-    folders = [presets_dir()]
-    for name in ALGORITHMS.names():
-        package = ALGORITHMS.method(name).package
-        if package:
-            folders.append(Path(str(resources.files(package) / "presets")))
+    """Every preset, name -> file: `presets_dir()`, each method folder's `presets/`, and those
+    of methods registered from elsewhere."""
+    builtin = Path(str(resources.files("clusterfed") / "algorithms"))
+    # The folders are listed, not imported: the methods' modules take a second to load, and
+    # a mistyped preset name should be answered at once.
+    folders = [presets_dir(), *sorted(builtin.glob("*/presets"))]
+    base = sys.modules.get("clusterfed.algorithms.base")
+    if base is not None:
+        registry = base.ALGORITHMS
+        for name in registry.names():
+            package = registry.method(name).package
+            if package:
+                folders.append(Path(str(resources.files(package) / "presets")))
     found: dict[str, Path] = {}
     for folder in dict.fromkeys(folders):   # methods sharing a folder list it once
         for path in sorted(folder.glob("*.yaml")):
-            if path.stem in found:
+            if path.stem in found and found[path.stem] != path:
                 raise ConfigError(f"preset {path.stem!r} is defined twice: {found[path.stem]} "
                                   f"and {path}")
             found[path.stem] = path
@@ -253,6 +258,11 @@ def validate(config: Mapping[str, Any]) -> None:
                                          "processes"):
         raise ConfigError(f"unknown run.executor {config['run']['executor']!r}; valid: auto, "
                           "sequential, vectorised, grouped, processes")
+    threads = config["run"]["threads"]
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or threads < 1):
+        raise ConfigError(f"run.threads must be a positive integer or null (torch's default), "
+                          f"got {threads!r}")
     workers = config["run"]["workers"]
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
                                 or workers < 1):
