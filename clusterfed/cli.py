@@ -84,9 +84,11 @@ def result_line(summary: dict[str, Any]) -> str:
                    for name, g in c.get("groupings", {}).items())
     news = summary["final"].get("newcomers")
     late = f" (newcomers {news['mean_accuracy']:.4f})" if news else ""
-    return (f"{summary['algorithm']}: mean accuracy {summary['final']['mean_accuracy']:.4f}"
-            f"{late}, {c['n_clusters']} clusters, ARI {ari}{also}, "
-            f"{summary['wall_seconds']:.1f} s")
+    missing = summary["final"].get("unevaluated_clients")
+    unscored = f", clients not evaluated: {', '.join(map(str, missing))}" if missing else ""
+    return (f"{summary['algorithm']}: mean accuracy "
+            f"{score_text(summary['final']['mean_accuracy'], 4)}{late}, {c['n_clusters']} "
+            f"clusters, ARI {ari}{also}{unscored}, {summary['wall_seconds']:.1f} s")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -301,8 +303,7 @@ def scenario() -> None:
 def describe(source: str, overrides: tuple[str, ...], data_dir: str | None,
              out: str | None) -> None:
     """Build PRESET or CONFIG.yaml's federation; print and plot its clusters, sizes, labels."""
-    import json
-
+    from clusterfed import strict_json
     from clusterfed.data.describe import describe as describe_federation
     from clusterfed.data.describe import format_description
     from clusterfed.report.scenario_plots import write_scenario_plots
@@ -314,7 +315,7 @@ def describe(source: str, overrides: tuple[str, ...], data_dir: str | None,
     federation = build_federation_for(config)
     description = describe_federation(federation)
     make_folder(folder)
-    (folder / "scenario.json").write_text(json.dumps(
+    (folder / "scenario.json").write_text(strict_json.dumps(
         {"data": config["data"], "scenario": config["scenario"], "seed": config["seed"],
          **description}, indent=1, default=str))
     write_scenario_plots(description, folder)
