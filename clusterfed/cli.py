@@ -503,9 +503,10 @@ def report(folders: tuple[str, ...], truth_file: str | None) -> None:
 def entry(argv: Sequence[str] | None = None) -> None:
     """The console script: user errors print one line and exit 2, never a traceback."""
     try:
-        main(args=argv, standalone_mode=False)
+        main(args=argv, standalone_mode=False, prog_name="clusterfed")
     except ClusterfedError as err:
-        click.echo(f"error: {err}", err=True)
+        # One line whatever the message holds (a library's text may span several).
+        click.echo(f"error: {' '.join(str(err).split())}", err=True)
         sys.exit(2)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)

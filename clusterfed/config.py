@@ -126,10 +126,17 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         loaded = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML: {err}") from err
+        raise ConfigError(f"{path} is not valid YAML: {yaml_problem(err)}") from None
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path} must hold a mapping of config sections")
     return loaded
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """PyYAML's error in one line: where, and what (its own text spans several lines)."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + " ".join(str(getattr(err, "problem", None) or err).split())
 
 
 def load_source(source: str) -> tuple[str, dict[str, Any]]:
@@ -185,7 +192,8 @@ def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
         try:
             value = yaml.safe_load(raw) if raw else None
         except yaml.YAMLError as err:
-            raise ConfigError(f"override {item!r}: cannot parse the value ({err})") from err
+            raise ConfigError(f"override {item!r}: cannot parse the value "
+                              f"({yaml_problem(err)})") from None
         parts = key.split(".")
         if len(parts) > 2:
             raise ConfigError(f"override key {key!r} is nested too deeply; use section.key")
@@ -221,6 +229,11 @@ def validate(config: Mapping[str, Any]) -> None:
     for key in ("rounds", "batch_size"):
         if not isinstance(train[key], int) or train[key] < 1:
             raise ConfigError(f"train.{key} must be a positive integer, got {train[key]!r}")
+    for key in ("lr", "lr_decay", "momentum", "weight_decay", "adam_eps", "clip_grad_norm"):
+        value = train[key]
+        if not (value is None and key == "clip_grad_norm") and (
+                isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ConfigError(f"train.{key} must be a number, got {value!r}")
     participation = train["participation"]
     if not isinstance(participation, int | float) or isinstance(participation, bool) \
             or participation <= 0:
