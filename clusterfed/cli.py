@@ -349,15 +349,16 @@ def export(source: str, directory: str, overrides: tuple[str, ...], fmt: str,
 
     from clusterfed.data import export as ex
     from clusterfed.data.own import CLIENT_FOLDER
-    from clusterfed.sim.simulation import build_federation_for
+    from clusterfed.run_folder import check_out_folder
 
     root = Path(directory)
-    if root.exists() and not root.is_dir():
-        raise ClusterfedError(f"{root} is a file, not a folder")
+    check_out_folder(root, "DIR")
     if root.is_dir() and any(root.iterdir()) and not force:
         raise ClusterfedError(f"{root} is not empty; choose an empty folder, or --force to "
                               f"replace its client folders and truth.json")
     _, config = _resolve(source, overrides, data_dir)
+    from clusterfed.sim.simulation import build_federation_for
+
     federation = build_federation_for(config)
     ex.check_exportable(federation, fmt)
     if root.is_dir():

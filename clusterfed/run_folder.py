@@ -117,19 +117,20 @@ def make_folder(path: Path) -> None:
                           f"--out") from None
 
 
-def check_out_folder(path: Path) -> None:
-    """Refuse an --out that cannot be a run folder, before anything is built or written: a
-    file, or a path through a file or an unwritable folder."""
+def check_out_folder(path: Path, option: str = "--out") -> None:
+    """Refuse an output folder (`option` names it) that cannot be one, before anything is
+    built or written: a file, or a path through a file or an unwritable folder."""
     if path.exists() and not path.is_dir():
-        raise ConfigError(f"--out {path} is a file, not a folder: choose another --out")
+        raise ConfigError(f"{option} {path} is a file, not a folder: choose another {option}")
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if existing != path and not existing.is_dir():
-        raise ConfigError(f"--out {path}: {existing} is a file, not a folder: choose another "
-                          f"--out")
+        raise ConfigError(f"{option} {path}: {existing} is a file, not a folder: choose "
+                          f"another {option}")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {path}: {existing} is not writable: choose another --out")
+        raise ConfigError(f"{option} {path}: {existing} is not writable: choose another "
+                          f"{option}")
 
 
 def checkpoint_files(path: Path) -> list[Path]:

@@ -152,6 +152,7 @@ CASES = [
     # the other commands
     (["scenario", "describe", "nope"], "unknown preset 'nope'"),
     (["scenario", "export", "quickstart", "{ws}/file.txt"], "is a file, not a folder"),
+    (["scenario", "export", "quickstart", "{ws}/file.txt/sub"], "file.txt is a file"),
     (["scenario", "export", "quickstart", "{ws}/prev"], "is not empty"),
     (["secret", "new", "{ws}/file.txt"], "a secret file is never overwritten"),
     (["report"], "Missing argument"),

@@ -105,6 +105,7 @@ def run_local(config: Mapping[str, Any], folder: str | Path, *, clients: int | N
         federation.stop()
         undo()
     if code != 0 or not summary_path.exists():
-        raise ClusterfedError(f"the Flower run failed (flwr run exit code {code}); logs in "
-                              f"{federation.logs}")
+        # flwr run exits 0 when its ServerApp fails: the missing summary is what tells.
+        why = f"flwr run exit code {code}" if code else "it ended without writing summary.json"
+        raise ClusterfedError(f"the Flower run failed ({why}); logs in {federation.logs}")
     return json.loads(summary_path.read_text())
