@@ -135,6 +135,10 @@ CASES = [
     (["benchmark", "--seeds", "x"], "--seeds takes whole numbers"),
     (["benchmark", "--quick", "--out", "{ws}/file.txt"], "is a file, not a folder"),
     (["benchmark", "--jobs", "0"], "Invalid value for '--jobs'"),
+    (["benchmark", "--methods", "nosuch"], "unknown algorithm 'nosuch'"),
+    (["benchmark", "--datasets", "imagenet"], "unknown benchmark dataset 'imagenet'"),
+    (["benchmark", "--scenarios", "nope"], "unknown benchmark scenario 'nope'"),
+    (["reproduce", "quickstart", "--algorithms", "nosuch"], "unknown algorithm 'nosuch'"),
     # Flower
     (["flower", "local", "--own-data", "{ws}/notes", "--secret-file", "{ws}/no.secret",
       "quickstart", "run.privacy=permutation"], "no.secret does not exist"),
@@ -144,6 +148,7 @@ CASES = [
       "run.privacy_secret_file={ws}/short.secret"], "give the file with --secret-file"),
     (["flower", "local", "--own-data", "{ws}/emptyclass", "quickstart"], "empty class folder"),
     (["flower", "local", "quickstart", "--clients", "0"], "Invalid value for '--clients'"),
+    (["flower", "local", "--own-data", "{ws}/nowhere"], "is not a folder of client folders"),
     (["flower", "local", "quickstart", "--reply-timeout", "0"], "--reply-timeout"),
     (["flower", "local", "quickstart", "--isolation", "thread"], "--isolation"),
     (["flower", "local", "--resume", "{ws}/damaged"], "every checkpoint is damaged"),
