@@ -141,3 +141,37 @@ def test_flower_checks_the_secret_file_before_starting_anything(capsys, tmp_path
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert f"{tmp_path / 'nonexistent.secret'} does not exist" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_per_client_bars_mark_a_client_not_evaluated(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    from clusterfed.report import plots
+
+    marked: list[tuple[float, str]] = []
+    real = Axes.text
+
+    def spy(self, x, y, s, *args, **kwargs):
+        marked.append((x, s))
+        return real(self, x, y, s, *args, **kwargs)
+
+    monkeypatch.setattr(Axes, "text", spy)
+    plots.per_client_bars([0.5, None, 0.75], [0, 0, 1], tmp_path / "per_client.png")
+    assert marked == [(1, "not evaluated")]
+    assert (tmp_path / "per_client.png").stat().st_size > 0
+
+
+def test_the_comparison_table_names_the_clients_not_evaluated():
+    from clusterfed.experiments.compare import table_rows
+
+    def summary(missing):
+        final = {"mean_accuracy": 0.5, **({"unevaluated_clients": missing} if missing else {})}
+        return {"final": final, "clustering": {"ari": None, "n_clusters": 1},
+                "wall_seconds": 1.0}
+
+    rows = table_rows({"algorithms": ["fedavg", "local"],
+                       "summaries": {"fedavg": summary([2, 5]), "local": summary(None)}})
+    assert rows[0][-1] == "not evaluated"
+    assert [r[-1] for r in rows[1:]] == ["2,5", "-"]
+    assert table_rows({"algorithms": ["local"], "summaries": {"local": summary(None)}})[0][-1] \
+        == "seconds"
