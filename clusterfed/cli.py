@@ -69,8 +69,8 @@ def _precheck(config: dict[str, Any]) -> None:
     from clusterfed.client.secret import read_secret_file
 
     build_algorithm(config["algorithm"], config["newcomers"])
-    if config["run"]["privacy_secret_file"]:
-        read_secret_file(config["run"]["privacy_secret_file"])
+    if config["run"]["privacy"] != "none" and config["run"]["privacy_secret_file"]:
+        read_secret_file(config["run"]["privacy_secret_file"])   # as the run would read it
 
 
 def result_line(summary: dict[str, Any]) -> str:
