@@ -17,7 +17,14 @@ from clusterfed.errors import ClusterfedError
 
 
 def _out_dir(out: str | None, name: str, label: str) -> Path:
-    return Path(out) if out else Path("runs") / f"{name}-{label}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """The output folder, checked before anything is built: an --out that cannot be one is
+    refused at once."""
+    from clusterfed.run_folder import check_out_folder
+
+    folder = (Path(out) if out
+              else Path("runs") / f"{name}-{label}-{time.strftime('%Y%m%d-%H%M%S')}")
+    check_out_folder(folder)
+    return folder
 
 
 def _resolve(source: str, overrides: Sequence[str], data_dir: str | None) -> tuple[str, dict]:
@@ -29,13 +36,41 @@ def _resolve(source: str, overrides: Sequence[str], data_dir: str | None) -> tup
 def _refuse_cut_off(folder: Path, overwrite: bool, command: str) -> None:
     """Starting over deletes a cut-off run's checkpoint (hours of rounds, perhaps): only on
     --overwrite."""
-    from clusterfed.run_folder import CHECKPOINT, refuse_busy
+    from clusterfed.run_folder import checkpoint_files, refuse_busy
 
     refuse_busy(folder)
-    if (folder / CHECKPOINT).exists() and not (folder / "summary.json").exists() \
+    if checkpoint_files(folder) and not (folder / "summary.json").exists() \
             and not overwrite:
         raise ClusterfedError(f"{folder} holds a run cut off before its end: continue it with "
                               f"`{command} --resume {folder}`, or start over with --overwrite")
+
+
+def _resumable(resume_dir: str, source: str | None, overrides: Sequence[str]) -> Path:
+    """A folder --resume can continue, checked before anything is built: its config, a
+    checkpoint that reads whole (or none), no other process writing it."""
+    from clusterfed.run_folder import read_config, readable_checkpoint, refuse_busy
+
+    if source or overrides:
+        raise ClusterfedError("--resume continues a run with its own config.yaml; "
+                              "give no preset or overrides")
+    folder = Path(resume_dir)
+    if not folder.is_dir():
+        raise ClusterfedError(f"--resume {folder}: no such run folder")
+    read_config(folder)
+    refuse_busy(folder)
+    readable_checkpoint(folder)
+    return folder
+
+
+def _precheck(config: dict[str, Any]) -> None:
+    """What can be checked before torch is imported (seconds): the algorithm's name and
+    options, the privacy secret file."""
+    from clusterfed.algorithms import build_algorithm
+    from clusterfed.client.secret import read_secret_file
+
+    build_algorithm(config["algorithm"], config["newcomers"])
+    if config["run"]["privacy"] != "none" and config["run"]["privacy_secret_file"]:
+        read_secret_file(config["run"]["privacy_secret_file"])   # as the run would read it
 
 
 def result_line(summary: dict[str, Any]) -> str:
@@ -49,9 +84,11 @@ def result_line(summary: dict[str, Any]) -> str:
                    for name, g in c.get("groupings", {}).items())
     news = summary["final"].get("newcomers")
     late = f" (newcomers {news['mean_accuracy']:.4f})" if news else ""
-    return (f"{summary['algorithm']}: mean accuracy {summary['final']['mean_accuracy']:.4f}"
-            f"{late}, {c['n_clusters']} clusters, ARI {ari}{also}, "
-            f"{summary['wall_seconds']:.1f} s")
+    missing = summary["final"].get("unevaluated_clients")
+    unscored = f", clients not evaluated: {', '.join(map(str, missing))}" if missing else ""
+    return (f"{summary['algorithm']}: mean accuracy "
+            f"{score_text(summary['final']['mean_accuracy'], 4)}{late}, {c['n_clusters']} "
+            f"clusters, ARI {ari}{also}{unscored}, {summary['wall_seconds']:.1f} s")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -73,27 +110,28 @@ def main(verbose: bool) -> None:
 def run(source: str | None, overrides: tuple[str, ...], out: str | None, data_dir: str | None,
         resume_dir: str | None, overwrite: bool) -> None:
     """Run PRESET or CONFIG.yaml with key=value overrides, or --resume a run folder."""
-    from clusterfed.report import write_report
-    from clusterfed.sim.simulation import resume_run, run_config
-
     if resume_dir:
-        if source or overrides:
-            raise ClusterfedError("--resume continues a run with its own config.yaml; "
-                                  "give no preset or overrides")
-        summary = resume_run(resume_dir, data_dir=data_dir)
-        folder = Path(resume_dir)
+        folder = _resumable(resume_dir, source, overrides)
+        from clusterfed.sim.simulation import resume_run
+
+        summary = resume_run(folder, data_dir=data_dir)
     else:
         if not source:
             raise ClusterfedError("give a preset name or a config file (see `clusterfed presets`)")
         name, config = _resolve(source, overrides, data_dir)
         folder = _out_dir(out, name, config["algorithm"]["name"])
         _refuse_cut_off(folder, overwrite, "clusterfed run")
+        _precheck(config)
+        from clusterfed.sim.simulation import run_config
+
         try:
             summary = run_config(config, folder)
         except KeyboardInterrupt:
             click.echo(f"interrupted; continue from the last checkpoint with: "
                        f"clusterfed run --resume {folder}", err=True)
             raise
+    from clusterfed.report import write_report
+
     write_report(folder)
     click.echo(result_line(summary))
     click.echo(f"run folder: {folder}")
@@ -180,7 +218,7 @@ def reproduce(source: str, overrides: tuple[str, ...], algorithms: str | None,
 
     name, config = _resolve(source, overrides, data_dir)
     seed_list = _seeds(seeds, []) or None
-    folder = Path(out or f"runs/reproduce-{name}")
+    folder = _out_dir(out or f"runs/reproduce-{name}", name, "reproduce")
     result = rep.reproduce(config, folder, names=_names(algorithms, []) or None,
                            seeds=seed_list, data_dir=data_dir,
                            progress=lambda line: click.echo(line, err=True),
@@ -223,7 +261,7 @@ def benchmark(overrides: tuple[str, ...], quick: bool, datasets: str | None,
     from clusterfed.experiments import benchmark as bench
 
     matrix = bench.QUICK if quick else bench.FULL
-    folder = Path(out or ("runs/benchmark-quick" if quick else "runs/benchmark"))
+    folder = _out_dir(out or ("runs/benchmark-quick" if quick else "runs/benchmark"), "", "")
     seed_list = _seeds(seeds, matrix["seeds"])
     rows = bench.run_benchmark(
         folder, datasets=_names(datasets, matrix["datasets"]),
@@ -265,19 +303,19 @@ def scenario() -> None:
 def describe(source: str, overrides: tuple[str, ...], data_dir: str | None,
              out: str | None) -> None:
     """Build PRESET or CONFIG.yaml's federation; print and plot its clusters, sizes, labels."""
-    import json
-
+    from clusterfed import strict_json
     from clusterfed.data.describe import describe as describe_federation
     from clusterfed.data.describe import format_description
     from clusterfed.report.scenario_plots import write_scenario_plots
+    from clusterfed.run_folder import make_folder
     from clusterfed.sim.simulation import build_federation_for
 
     name, config = _resolve(source, overrides, data_dir)
+    folder = _out_dir(out or f"runs/scenario-{name}", name, "")
     federation = build_federation_for(config)
     description = describe_federation(federation)
-    folder = Path(out) if out else Path("runs") / f"scenario-{name}"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "scenario.json").write_text(json.dumps(
+    make_folder(folder)
+    (folder / "scenario.json").write_text(strict_json.dumps(
         {"data": config["data"], "scenario": config["scenario"], "seed": config["seed"],
          **description}, indent=1, default=str))
     write_scenario_plots(description, folder)
@@ -311,15 +349,16 @@ def export(source: str, directory: str, overrides: tuple[str, ...], fmt: str,
 
     from clusterfed.data import export as ex
     from clusterfed.data.own import CLIENT_FOLDER
-    from clusterfed.sim.simulation import build_federation_for
+    from clusterfed.run_folder import check_out_folder
 
     root = Path(directory)
-    if root.exists() and not root.is_dir():
-        raise ClusterfedError(f"{root} is a file, not a folder")
+    check_out_folder(root, "DIR")
     if root.is_dir() and any(root.iterdir()) and not force:
         raise ClusterfedError(f"{root} is not empty; choose an empty folder, or --force to "
                               f"replace its client folders and truth.json")
     _, config = _resolve(source, overrides, data_dir)
+    from clusterfed.sim.simulation import build_federation_for
+
     federation = build_federation_for(config)
     ex.check_exportable(federation, fmt)
     if root.is_dir():
@@ -377,7 +416,8 @@ def flower() -> None:
 @flower.command("local")
 @click.argument("source", required=False)
 @click.argument("overrides", nargs=-1)
-@click.option("--clients", type=int, help="SuperNodes to start (default: the scenario's clients).")
+@click.option("--clients", type=click.IntRange(min=1),
+              help="SuperNodes to start (default: the scenario's clients).")
 @click.option("--out", help="Run folder (default runs/NAME-ALGORITHM-TIME).")
 @click.option("--data-dir", help="Data root of the nodes (default $CLUSTERFED_DATA or the cache).")
 @click.option("--resume", "resume_dir", help="Continue this run folder from its checkpoint.")
@@ -385,11 +425,12 @@ def flower() -> None:
               help="TLS on the SuperLink (test certificates) and SuperNode authentication.")
 @click.option("--simulation", is_flag=True,
               help="Flower's simulation runtime (Ray) instead of SuperNode processes.")
-@click.option("--client-cpus", type=int, default=1, show_default=True,
+@click.option("--client-cpus", type=click.IntRange(min=1), default=1, show_default=True,
               help="Simulation runtime: CPUs per virtual node (a whole number).")
-@click.option("--client-gpus", type=float, default=0.0, show_default=True,
+@click.option("--client-gpus", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
               help="Simulation runtime: GPUs per virtual node.")
-@click.option("--reply-timeout", type=float, default=600.0, show_default=True,
+@click.option("--reply-timeout", type=click.FloatRange(min=0.0, min_open=True), default=600.0,
+              show_default=True,
               help="Seconds a step waits for replies before leaving missing clients out.")
 @click.option("--own-data", help="A folder of client-K folders: SuperNode K serves client-K "
               "(data.dataset=folders; PRESET only sets the training, default quickstart).")
@@ -415,12 +456,10 @@ def flower_local(source: str | None, overrides: tuple[str, ...], clients: int | 
                               f"pip install 'clusterfed[flower]'") from err
 
     if resume_dir:
-        if source or overrides:
-            raise ClusterfedError("--resume continues a run with its own config.yaml; "
-                                  "give no preset or overrides")
         from clusterfed.run_folder import read_config
 
-        folder, config = Path(resume_dir), read_config(Path(resume_dir))
+        folder = _resumable(resume_dir, source, overrides)
+        config = read_config(folder)
     else:
         if not source and not own_data:
             raise ClusterfedError("give a preset name or a config file (see `clusterfed presets`)")
@@ -465,15 +504,19 @@ def report(folders: tuple[str, ...], truth_file: str | None) -> None:
 def entry(argv: Sequence[str] | None = None) -> None:
     """The console script: user errors print one line and exit 2, never a traceback."""
     try:
-        main(args=argv, standalone_mode=False)
+        main(args=argv, standalone_mode=False, prog_name="clusterfed")
     except ClusterfedError as err:
-        click.echo(f"error: {err}", err=True)
+        # One line whatever the message holds (a library's text may span several).
+        click.echo(f"error: {' '.join(str(err).split())}", err=True)
         sys.exit(2)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
     except click.ClickException as err:
-        err.show()
+        # One line, as for every other mistake: click's usage block would bury it.
+        hint = (f" (see {err.ctx.command_path} --help)"
+                if isinstance(err, click.UsageError) and err.ctx is not None else "")
+        click.echo(f"error: {err.format_message()}{hint}", err=True)
         sys.exit(err.exit_code)
 
 

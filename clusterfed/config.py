@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
@@ -95,19 +96,23 @@ def presets_dir() -> Path:
 
 
 def preset_paths() -> dict[str, Path]:
-    """Every preset, name -> file: `presets_dir()` and each registered method's `presets/`."""
-    # Imported here: the registry sits above this module (the methods' folders).
-    from clusterfed.algorithms import ALGORITHMS
-
-    folders = [presets_dir()]
-    for name in ALGORITHMS.names():
-        package = ALGORITHMS.method(name).package
-        if package:
-            folders.append(Path(str(resources.files(package) / "presets")))
+    """Every preset, name -> file: `presets_dir()`, each method folder's `presets/`, and those
+    of methods registered from elsewhere."""
+    builtin = Path(str(resources.files("clusterfed") / "algorithms"))
+    # The folders are listed, not imported: the methods' modules take a second to load, and
+    # a mistyped preset name should be answered at once.
+    folders = [presets_dir(), *sorted(builtin.glob("*/presets"))]
+    base = sys.modules.get("clusterfed.algorithms.base")
+    if base is not None:
+        registry = base.ALGORITHMS
+        for name in registry.names():
+            package = registry.method(name).package
+            if package:
+                folders.append(Path(str(resources.files(package) / "presets")))
     found: dict[str, Path] = {}
     for folder in dict.fromkeys(folders):   # methods sharing a folder list it once
         for path in sorted(folder.glob("*.yaml")):
-            if path.stem in found:
+            if path.stem in found and found[path.stem] != path:
                 raise ConfigError(f"preset {path.stem!r} is defined twice: {found[path.stem]} "
                                   f"and {path}")
             found[path.stem] = path
@@ -122,10 +127,17 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         loaded = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML: {err}") from err
+        raise ConfigError(f"{path} is not valid YAML: {yaml_problem(err)}") from None
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path} must hold a mapping of config sections")
     return loaded
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """PyYAML's error in one line: where, and what (its own text spans several lines)."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + " ".join(str(getattr(err, "problem", None) or err).split())
 
 
 def load_source(source: str) -> tuple[str, dict[str, Any]]:
@@ -213,7 +225,8 @@ def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
         try:
             value = yaml.safe_load(raw) if raw else None
         except yaml.YAMLError as err:
-            raise ConfigError(f"override {item!r}: cannot parse the value ({err})") from err
+            raise ConfigError(f"override {item!r}: cannot parse the value "
+                              f"({yaml_problem(err)})") from None
         parts = key.split(".")
         if not all(parts):
             raise ConfigError(f"override key {key!r} has an empty part; use section.key.subkey")
@@ -263,6 +276,11 @@ def validate(config: Mapping[str, Any]) -> None:
     for key in ("rounds", "batch_size"):
         if not isinstance(train[key], int) or train[key] < 1:
             raise ConfigError(f"train.{key} must be a positive integer, got {train[key]!r}")
+    for key in ("lr", "lr_decay", "momentum", "weight_decay", "adam_eps", "clip_grad_norm"):
+        value = train[key]
+        if not (value is None and key == "clip_grad_norm") and (
+                isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ConfigError(f"train.{key} must be a number, got {value!r}")
     participation = train["participation"]
     if not isinstance(participation, int | float) or isinstance(participation, bool) \
             or participation <= 0:
@@ -300,6 +318,11 @@ def validate(config: Mapping[str, Any]) -> None:
                                          "processes"):
         raise ConfigError(f"unknown run.executor {config['run']['executor']!r}; valid: auto, "
                           "sequential, vectorised, grouped, processes")
+    threads = config["run"]["threads"]
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or threads < 1):
+        raise ConfigError(f"run.threads must be a positive integer or null (torch's default), "
+                          f"got {threads!r}")
     workers = config["run"]["workers"]
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
                                 or workers < 1):

@@ -11,6 +11,7 @@ import dataclasses
 import io
 import json
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -97,14 +98,32 @@ def dumps(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
+class DamagedState(ValueError):
+    """The bytes are not a whole state file (cut short while written, or corrupted)."""
+
+
+def read_parts(data: bytes) -> tuple[Any, dict[str, np.ndarray]]:
+    """(skeleton, arrays) of a state file, every array read: a damaged file raises
+    DamagedState here, before any of it is used."""
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        version = int(arrays.pop(_VERSION_KEY)) if _VERSION_KEY in arrays else 1
+        if version > FORMAT_VERSION:
+            raise ConfigError(f"this state was saved in format {version}; this clusterfed "
+                              f"reads formats up to {FORMAT_VERSION}: update clusterfed to "
+                              f"load it")
+        skeleton = json.loads(arrays.pop("__skeleton__").tobytes().decode())
+    except ConfigError:
+        raise
+    # What numpy's zip reader and json raise on a cut or altered file.
+    except (zipfile.BadZipFile, EOFError, OSError, KeyError, ValueError) as err:
+        raise DamagedState(f"{type(err).__name__}: {err}") from None
+    return skeleton, arrays
+
+
 def loads(data: bytes) -> Any:
-    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-        arrays = {k: npz[k] for k in npz.files}
-    version = int(arrays.pop(_VERSION_KEY)) if _VERSION_KEY in arrays else 1
-    if version > FORMAT_VERSION:
-        raise ConfigError(f"this state was saved in format {version}; this clusterfed reads "
-                          f"formats up to {FORMAT_VERSION}: update clusterfed to load it")
-    skeleton = json.loads(arrays.pop("__skeleton__").tobytes().decode())
+    skeleton, arrays = read_parts(data)
     return _decode(skeleton, arrays)
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from clusterfed.sim.processes import usable_cores
+from clusterfed.strict_json import loads as strict_loads
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -18,6 +19,45 @@ def pytest_configure(config: pytest.Config) -> None:
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers:
         torch.set_num_threads(max(1, usable_cores() // int(workers)))
+
+
+# What the library writes for other programs to read: strict JSON, every file the suite wrote.
+STRICT_JSON = ("summary.json", "comparison.json", "sweep.json", "reproduce.json",
+               "benchmark.json", "scenario.json")
+STRICT_JSON_LINES = ("metrics.jsonl", "events.jsonl")
+
+
+def not_strict_json(root: Path) -> list[str]:
+    """The files under `root` a strict JSON parser refuses (NaN, Infinity, broken), with why."""
+    bad = []
+    for path in sorted(root.rglob("*.json*")):
+        if path.name not in STRICT_JSON + STRICT_JSON_LINES or not path.is_file():
+            continue
+        text = path.read_text()
+        documents = text.splitlines() if path.name in STRICT_JSON_LINES else [text]
+        try:
+            for document in documents:
+                if document.strip():
+                    strict_loads(document)
+        except ValueError as err:
+            bad.append(f"{path}: {err}")
+    return bad
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the session when a test wrote a summary or metrics file strict parsers reject."""
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None or getattr(factory, "_basetemp", None) is None:
+        return
+    bad = not_strict_json(factory.getbasetemp())
+    if bad:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_sep("=", "files that are not strict JSON (NaN or Infinity written)",
+                               red=True)
+        for line in bad:
+            reporter.write_line(line, red=True) if reporter else print(line)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def shared_data_dir() -> Path | None:

@@ -289,11 +289,42 @@ def test_clients_of_different_shapes_are_refused_naming_the_client(tmp_path):
         (tmp_path / f"client-{k}").mkdir()
         np.savez(tmp_path / f"client-{k}" / "d.npz", x=np.zeros((2, width), np.float32),
                  y=np.array([0, 1]))
-    with pytest.raises(DataError, match=r"different shapes \[\(3,\), \(4,\)\]"):
+    with pytest.raises(DataError, match=r"client-1: inputs shaped \[4\]; the other clients' "
+                                        r"inputs are \[3\]"):
         federation_from_folders(tmp_path)
     with pytest.raises(DataError, match=r"client-1: inputs shaped \[4\], the federation's are "
                                         r"\[3\]"):
         federation_from_folders(tmp_path, input_shape=(3,))
+
+
+def test_a_colour_image_among_grey_clients_is_refused_naming_the_file(tmp_path):
+    for k in range(3):
+        save_png(tmp_path / f"client-{k}" / "0" / "a.png", grey(10 * k))
+    colour = np.zeros((8, 8, 3), dtype=np.uint8)
+    save_png(tmp_path / "client-1" / "0" / "b.png", colour)
+    with pytest.raises(DataError, match=r"client-1/0/b\.png is a colour image \(RGB\); the "
+                                        r"other clients' inputs are \[1, 8, 8\].*input_shape"):
+        federation_from_folders(tmp_path)
+    # Agreeing on grey converts it.
+    assert federation_from_folders(tmp_path, input_shape=(1, 8, 8)).input_shape == (1, 8, 8)
+
+
+def test_a_file_that_is_no_image_in_a_class_folder_is_refused_naming_it(tmp_path):
+    save_png(tmp_path / "0" / "a.png", grey(1))
+    save_png(tmp_path / "1" / "b.png", grey(2))
+    write_text(tmp_path / "1" / "notes.txt", "taken on Monday")
+    (tmp_path / "1" / ".DS_Store").write_bytes(b"")   # hidden files are not samples
+    with pytest.raises(DataError, match=r"1/notes\.txt: not an image .* move it out"):
+        load_client_data(tmp_path)
+    (tmp_path / "1" / "notes.txt").unlink()
+    assert len(load_client_data(tmp_path).train_y) == 2
+
+
+def test_an_empty_class_folder_is_refused_naming_it(tmp_path):
+    save_png(tmp_path / "train" / "0" / "a.png", grey(1))
+    (tmp_path / "train" / "1").mkdir()
+    with pytest.raises(DataError, match=r"train/1: empty class folder"):
+        load_client_data(tmp_path)
 
 
 # ---------------------------------------------------------------- export refusals

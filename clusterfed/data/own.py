@@ -24,6 +24,7 @@ The test set is the files' own, else a seeded `data.test_fraction` of the traini
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -185,11 +186,12 @@ def federation_from_folders(root: str | Path, options: OwnDataOptions = OwnDataO
     if input_shape is not None and options.input_shape is None:
         # Images are read at the agreed channels and size.
         options = replace(options, input_shape=tuple(int(s) for s in input_shape))
-    clients = [load_client_data(p, options) for p in client_folders(root)]
-    shapes = {tuple(c.train_x.shape[1:]) for c in clients}
-    if input_shape is None and len(shapes) > 1:
-        raise DataError(f"{root}: clients' inputs have different shapes {sorted(shapes)}")
-    shape = tuple(int(s) for s in input_shape) if input_shape is not None else shapes.pop()
+    folders = client_folders(root)
+    clients = [load_client_data(p, options) for p in folders]
+    shapes = [tuple(c.train_x.shape[1:]) for c in clients]
+    if input_shape is None and len(set(shapes)) > 1:
+        raise DataError(odd_shape_message(folders, shapes))
+    shape = tuple(int(s) for s in input_shape) if input_shape is not None else shapes[0]
     top = max(int(max(c.train_y.max(initial=0), c.test_y.max(initial=0))) for c in clients) + 1
     classes = int(n_classes) if n_classes is not None else top
     for k, c in enumerate(clients):
@@ -199,6 +201,17 @@ def federation_from_folders(root: str | Path, options: OwnDataOptions = OwnDataO
     info: dict[str, Any] = {"dataset": "folders", "root": str(root), "truth": "unknown"}
     return Federation(clients, np.full(len(clients), NO_TRUTH, dtype=np.int64), classes, shape,
                       info)
+
+
+def odd_shape_message(folders: Sequence[Path], shapes: Sequence[tuple[int, ...]]) -> str:
+    """The first client whose inputs are shaped unlike most clients', naming the file where
+    it can (an image folder's odd image)."""
+    common = Counter(shapes).most_common(1)[0][0]
+    k = next(i for i, s in enumerate(shapes) if s != common)
+    image = readers.image_unlike(folders[k], common)
+    what = image or f"{folders[k]}: inputs shaped {list(shapes[k])}"
+    return (f"{what}; the other clients' inputs are {list(common)}: make them agree, or set "
+            f"data.input_shape (images are converted to its channels)")
 
 
 def check_client(data: ClientData, input_shape: Sequence[int], n_classes: int) -> str | None:

@@ -120,13 +120,26 @@ def image_roots(path: Path) -> dict[str, Path] | None:
     return None
 
 
+def class_files(folder: Path) -> list[Path]:
+    """The images of one class folder. Anything else there (hidden files aside) is refused,
+    not skipped: a stray file or an empty folder is more likely a mistake than a choice."""
+    held = [f for f in folder.iterdir() if not f.name.startswith(".")]
+    if not held:
+        raise DataError(f"{folder}: empty class folder; put its images in, or remove it")
+    for f in held:
+        if not _is_image(f):
+            raise DataError(f"{f}: not an image ({', '.join(IMAGE_SUFFIXES)}) but in a class "
+                            f"folder, where every file is a sample; move it out")
+    return held
+
+
 def image_files(root: Path, classes: Sequence[str] | None) -> tuple[list[Path], np.ndarray]:
     """The image files under `root/<class>/` and their labels.
 
     Ordered by file name, then class: an exported federation (files named by sample index)
     reads back in its original order, which the run's seeded batch orders depend on.
     """
-    found = [(f.name, d.name, f) for d in _subfolders(root) for f in d.iterdir() if _is_image(f)]
+    found = [(f.name, d.name, f) for d in _subfolders(root) for f in class_files(d)]
     found.sort(key=lambda item: (item[0], item[1]))
     names = [cls for _, cls, _ in found]
     labels = labels_from_names(names, classes, f"{root}") if found else np.zeros(0, np.int64)
@@ -214,6 +227,26 @@ def _natural_channels(files: Iterable[Path]) -> int:
         except (OSError, SyntaxError) as err:
             raise DataError(f"{file}: not a readable image ({err})") from None
     return 1
+
+
+def image_unlike(path: Path, shape: Sequence[int]) -> str | None:
+    """Which image of an image-folder client makes its inputs differ from `shape` (the other
+    clients'), and how, or None: a colour image among grey ones, an image of another size."""
+    roots = image_roots(path)
+    if roots is None or len(shape) != 3:
+        return None
+    from PIL import Image
+
+    for root in roots.values():
+        for file in sorted(f for d in _subfolders(root) for f in class_files(d)):
+            with Image.open(file) as image:
+                channels = 1 if image.mode in GREY_MODES else 3
+                if channels != shape[0]:
+                    return (f"{file} is a {'grey' if channels == 1 else 'colour'} image "
+                            f"({image.mode})")
+                if (image.height, image.width) != tuple(shape[1:]):
+                    return f"{file} is {image.height}x{image.width} pixels"
+    return None
 
 
 def read_image_folders(path: Path, options: OwnDataOptions) -> Split:

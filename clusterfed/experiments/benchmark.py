@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from clusterfed import config as cfg
+from clusterfed import strict_json
 from clusterfed.algorithms import ALGORITHMS
 from clusterfed.clustering.metrics import has_truth
 from clusterfed.errors import ConfigError
@@ -183,7 +184,7 @@ def run_benchmark(out: str | Path, *, datasets: Sequence[str], scenarios: Sequen
     def record(i: int, row: dict[str, Any]) -> None:
         nonlocal count
         with path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(strict_json.dumps(row) + "\n")
         rows.append(row)
         count += 1
         if progress:
@@ -368,7 +369,7 @@ def write_outputs(folder: Path, rows: Sequence[Mapping[str, Any]],
                        for d in dict.fromkeys(e["dataset"] for e in summary))
     (folder / "benchmark.md").write_text(header + matrices + "### Every cell\n\n"
                                          + markdown(summary))
-    (folder / "benchmark.json").write_text(json.dumps(
+    (folder / "benchmark.json").write_text(strict_json.dumps(
         {"ari_bar": ARI_BAR, "train": TRAIN, "clients": CLIENTS, "summary": summary,
          "rows": list(rows)}, indent=1) + "\n")
     if summary:

@@ -7,12 +7,12 @@ start over.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from clusterfed import config as cfg
+from clusterfed import strict_json
 from clusterfed.algorithms import ALGORITHMS
 from clusterfed.clustering.metrics import score_text
 from clusterfed.errors import ConfigError
@@ -93,7 +93,7 @@ def compare(config: Mapping[str, Any], out_dir: str | Path, names: Sequence[str]
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(cfg.dump(config))
     comparison = {"algorithms": labels, "summaries": summaries}
-    (out / "comparison.json").write_text(json.dumps(comparison, indent=2) + "\n")
+    (out / "comparison.json").write_text(strict_json.dumps(comparison, indent=2) + "\n")
     return comparison
 
 
@@ -103,15 +103,19 @@ def table_rows(comparison: Mapping[str, Any]) -> list[list[str]]:
     # Runs with newcomers also show the newcomers' figures (PACFL's Table 3): their own
     # models' mean and the served models' as received (cluster), where scored.
     late = any("newcomers" in s["final"] for s in summaries)
+    # A client not evaluated (a node that never replied) is named, not silently averaged out.
+    missing = any(s["final"].get("unevaluated_clients") for s in summaries)
     rows = [["algorithm", "mean acc", *(["newcomers", "as received"] if late else []),
-             "ARI", "clusters", "seconds"]]
+             "ARI", "clusters", "seconds", *(["not evaluated"] if missing else [])]]
     for name, s in zip(comparison["algorithms"], summaries, strict=True):
         news = s["final"].get("newcomers", {})
         extra = [f"{news[k]:.4f}" if k in news else "-"
                  for k in ("mean_accuracy", "cluster_mean_accuracy")] if late else []
-        rows.append([name, f"{s['final']['mean_accuracy']:.4f}", *extra,
+        rows.append([name, score_text(s["final"]["mean_accuracy"], 4), *extra,
                      score_text(s["clustering"].get("ari")),
-                     str(s["clustering"]["n_clusters"]), f"{s['wall_seconds']:.1f}"])
+                     str(s["clustering"]["n_clusters"]), f"{s['wall_seconds']:.1f}",
+                     *([",".join(map(str, s["final"].get("unevaluated_clients", []))) or "-"]
+                       if missing else [])])
     return rows
 
 

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from clusterfed import config as cfg
+from clusterfed import strict_json
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import labelled_sections, run_config_of
 from clusterfed.experiments.resumable import Job, check_folder, run_jobs, threads_per_job
@@ -198,7 +199,7 @@ def reproduce(config: Mapping[str, Any], out_dir: str | Path, *,
     if not finished_only:   # the config that ran; a table of finished runs leaves it as it is
         (out / "config.yaml").write_text(cfg.dump(config))
     # Whole files: the command beside this one may be writing the same table.
-    save_atomic(out / "reproduce.json", (json.dumps(result, indent=1) + "\n").encode())
+    save_atomic(out / "reproduce.json", (strict_json.dumps(result, indent=1) + "\n").encode())
     save_atomic(out / "reproduce.md", markdown(result).encode())
     return result
 

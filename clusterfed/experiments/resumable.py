@@ -21,9 +21,7 @@ from clusterfed.experiments.parallel import (
     check_jobs,
     in_processes,
 )
-from clusterfed.run_folder import read_config
-from clusterfed.sim.processes import usable_cores
-from clusterfed.sim.simulation import resume_run, run_config
+from clusterfed.run_folder import checkpoint_files, read_config
 
 # What makes two runs the same run. `eval` is left out: a reproduction may evaluate less often
 # than the finished run it reads back (its final figures are the same round's).
@@ -50,13 +48,27 @@ def check_folder(config: Mapping[str, Any], folder: Path,
                               f"differ): choose another --out")
 
 
+# The simulator, imported when a run starts: torch takes seconds, and the commands check their
+# arguments first.
+def run_config(config: Mapping[str, Any], folder: Path, **kwargs: Any) -> dict[str, Any]:
+    from clusterfed.sim.simulation import run_config as run
+
+    return run(config, folder, **kwargs)
+
+
+def resume_run(folder: Path, **kwargs: Any) -> dict[str, Any]:
+    from clusterfed.sim.simulation import resume_run as resume
+
+    return resume(folder, **kwargs)
+
+
 def run_or_resume(config: Mapping[str, Any], folder: Path, federation: Any,
                   data_dir: str | None, identity: Sequence[str] = IDENTITY) -> dict[str, Any]:
     """A finished run's summary, a cut-off one resumed, or a new run."""
     check_folder(config, folder, identity)
     if (folder / "summary.json").exists():
         return json.loads((folder / "summary.json").read_text())
-    if (folder / "checkpoint.npz").exists():
+    if checkpoint_files(folder):
         return resume_run(folder, data_dir=data_dir)
     return run_config(config, folder, federation=federation)
 
@@ -73,6 +85,8 @@ class Job:
 def threads_per_job(config: Mapping[str, Any], jobs: int) -> dict[str, Any]:
     """The config with run.threads set to the job's share of the cores when it sets none:
     two runs that each take every core run several times slower side by side."""
+    from clusterfed.sim.processes import usable_cores
+
     if jobs <= 1 or config["run"]["threads"]:
         return dict(config)
     return cfg.merge(dict(config), {"run": {"threads": max(1, usable_cores() // jobs)}})

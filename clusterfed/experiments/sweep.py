@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterfed import config as cfg
+from clusterfed import strict_json
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.resumable import IDENTITY_WITH_EVAL, Job, run_jobs, threads_per_job
 from clusterfed.run_folder import read_jsonl
@@ -186,7 +187,7 @@ def run_sweep(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: str |
               "missing": missing}
     if not finished_only:   # the config that ran; a table of finished runs leaves it as it is
         (out / "config.yaml").write_text(cfg.dump(config))
-    (out / "sweep.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    (out / "sweep.json").write_text(strict_json.dumps(result, indent=1, default=str) + "\n")
     (out / "table.md").write_text(format_sweep_table(result) + "\n")
     return result
 

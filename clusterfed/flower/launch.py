@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from clusterfed import config as cfg
+from clusterfed.client.secret import read_secret_file
 from clusterfed.data import own
 from clusterfed.data.scenarios.drift import refuse_drift
 from clusterfed.errors import ClusterfedError
 from clusterfed.flower.local import LocalFederation, raise_on_sigterm
 from clusterfed.flower.wire import config_json
-from clusterfed.run_folder import CHECKPOINT
+from clusterfed.run_folder import checkpoint_files
 
 # Flower's own lines worth showing without --verbose-flower.
 _SHOWN = ("[clusterfed]", "ERROR", "Error", "Traceback", "Exception", "Successfully started run")
@@ -60,18 +61,22 @@ def run_local(config: Mapping[str, Any], folder: str | Path, *, clients: int | N
     """
     folder = Path(folder).resolve()
     refuse_drift(config, "under Flower")
-    if resume and not (folder / CHECKPOINT).exists():
+    if resume and not checkpoint_files(folder):
         raise ClusterfedError(f"{folder} has no checkpoint to resume from")
+    # Every local file is checked before a process starts: a node that cannot read it would
+    # fail only after the federation is up.
+    if config["run"].get("privacy_secret_file"):
+        raise ClusterfedError("under Flower the nodes hold the privacy secret: give the file "
+                              "with --secret-file, not run.privacy_secret_file")
+    if secret_file is not None:
+        if config["run"]["privacy"] == "none":
+            raise ClusterfedError("--secret-file is the secret of run.privacy: set "
+                                  "run.privacy=permutation (or signed_permutation)")
+        read_secret_file(secret_file)
     sites = None
     if own_data is not None:
         config = own_data_config(config, own_data)
         sites = [p.resolve() for p in own.client_folders(own_data)]
-    if config["run"].get("privacy_secret_file"):
-        raise ClusterfedError("under Flower the nodes hold the privacy secret: give the file "
-                              "with --secret-file, not run.privacy_secret_file")
-    if secret_file is not None and config["run"]["privacy"] == "none":
-        raise ClusterfedError("--secret-file is the secret of run.privacy: set "
-                              "run.privacy=permutation (or signed_permutation)")
     folder.mkdir(parents=True, exist_ok=True)
     n = len(sites) if sites else clients or int(config["scenario"]["clients"])
     summary_path = folder / "summary.json"
@@ -100,6 +105,7 @@ def run_local(config: Mapping[str, Any], folder: str | Path, *, clients: int | N
         federation.stop()
         undo()
     if code != 0 or not summary_path.exists():
-        raise ClusterfedError(f"the Flower run failed (flwr run exit code {code}); logs in "
-                              f"{federation.logs}")
+        # flwr run exits 0 when its ServerApp fails: the missing summary is what tells.
+        why = f"flwr run exit code {code}" if code else "it ended without writing summary.json"
+        raise ClusterfedError(f"the Flower run failed ({why}); logs in {federation.logs}")
     return json.loads(summary_path.read_text())

@@ -24,7 +24,7 @@ from clusterfed import config as cfg
 from clusterfed.data.scenarios.drift import refuse_drift
 from clusterfed.errors import ClusterfedError
 from clusterfed.flower.executor import FlowerExecutor
-from clusterfed.run_folder import CHECKPOINT, read_config
+from clusterfed.run_folder import checkpoint_files, read_config
 from clusterfed.sim.simulation import Simulation
 
 app = ServerApp()
@@ -61,7 +61,7 @@ def run_experiment(grid: Grid, run_config: Mapping[str, Any], *, report: bool = 
     """
     out = Path(str(run_config.get("out-dir", "runs/flower"))).expanduser()
     resume = bool(run_config.get("resume", False))
-    if resume and not (out / CHECKPOINT).exists():
+    if resume and not checkpoint_files(out):
         raise ClusterfedError(f"resume=true, but {out} holds no checkpoint to resume from")
     # A resumed run continues with its folder's own config, whatever the run config says.
     config = read_config(out) if resume else experiment_config(run_config)

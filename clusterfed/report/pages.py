@@ -44,6 +44,16 @@ def _records(folder: Path, truth: np.ndarray | None, source: str
     return rescored(summary, metrics, read_jsonl(folder / "events.jsonl"), truth, source)
 
 
+def unevaluated_text(accuracy: np.ndarray) -> str:
+    """', over 3 of 4 clients; not evaluated: client 2', or '' when every client was."""
+    missing = np.flatnonzero(np.isnan(accuracy))
+    if not len(missing):
+        return ""
+    return (f", over {len(accuracy) - len(missing)} of {len(accuracy)} clients; not evaluated "
+            f"(no reply, or no test data): client{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(map(str, missing))}")
+
+
 def _clustering_line(clustering: Mapping[str, Any]) -> str:
     head = f"- clusters found: {clustering['n_clusters']}"
     if clustering.get("ari") is None:
@@ -64,7 +74,8 @@ def _run_report(folder: Path, truth: np.ndarray | None = None, source: str = "")
     clustering = summary["clustering"]
     known = clustering["true_assignment"] is not None
     groups, what = plots.grouping(clustering)
-    accuracy = summary["final"]["per_client_accuracy"]
+    # null (NaN): a client not evaluated (a node that never replied, no test data).
+    accuracy = np.asarray(summary["final"]["per_client_accuracy"], dtype=np.float64)
     plots.accuracy_curves(metrics, folder / "accuracy.png")
     plots.per_client_bars(accuracy, groups, folder / "per_client.png")
     if known:
@@ -75,7 +86,8 @@ def _run_report(folder: Path, truth: np.ndarray | None = None, source: str = "")
     lines = [
         f"# {summary['algorithm']}: {summary['rounds']} rounds, seed {summary['seed']}",
         "",
-        f"- mean client accuracy: {summary['final']['mean_accuracy']:.4f}",
+        f"- mean client accuracy: {score_text(summary['final']['mean_accuracy'], 4)}"
+        f"{unevaluated_text(accuracy)}",
         _clustering_line(clustering),
         f"- wall time: {summary['wall_seconds']:.1f} s",
         "",

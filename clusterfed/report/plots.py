@@ -68,10 +68,14 @@ def accuracy_curves(metrics: Sequence[Mapping[str, Any]], path: Path,
 
 
 def per_client_bars(accuracy: Sequence[float], clusters: Sequence[int], path: Path) -> None:
-    """Final accuracy of each client, coloured by its cluster (true, or found without truth)."""
+    """Final accuracy of each client, coloured by its cluster (true, or found without truth);
+    a client not evaluated (NaN) is marked so, not left a blank gap."""
     fig, ax = plt.subplots(figsize=(max(6, len(accuracy) * 0.15), 3.5))
     colours = plt.get_cmap("tab10")(np.asarray(clusters) % 10)
-    ax.bar(np.arange(len(accuracy)), accuracy, color=colours)
+    acc = np.asarray(accuracy, dtype=np.float64)
+    ax.bar(np.arange(len(acc)), np.nan_to_num(acc), color=colours)
+    for k in np.flatnonzero(np.isnan(acc)):
+        ax.text(k, 0.02, "not evaluated", rotation=90, ha="center", va="bottom", fontsize=7)
     ax.set(xlabel="client", ylabel="final test accuracy", ylim=(0, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -88,6 +92,8 @@ def found_clusters(assignment: Sequence[int], accuracy: Sequence[float],
         members = np.flatnonzero(found == k)
         scored = acc[members][~np.isnan(acc[members])]
         mean = f"{scored.mean():.4f}" if len(scored) else "n/a"
+        if len(scored) < len(members):
+            mean += f" ({len(scored)} of {len(members)} evaluated)"
         shown = ", ".join(str(int(c)) for c in members[:max_members])
         if len(members) > max_members:
             shown += f", ... (+{len(members) - max_members})"

@@ -351,7 +351,8 @@ class Simulation:
                       "per_true_cluster_accuracy": last["per_true_cluster_accuracy"],
                       **{k: last[k] for k in ("cluster_mean_accuracy",
                                               "cluster_per_client_accuracy",
-                                              "clients_at_target") if k in last},
+                                              "clients_at_target", "unevaluated_clients")
+                         if k in last},
                       **self._newcomers_figures(last)},
             # Without a truth every figure that needs it is None (null), never a made-up score.
             "clustering": {"assignment": view.assignment.tolist(),
