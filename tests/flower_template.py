@@ -2,10 +2,10 @@
 from Flower's message convention alone (no clusterfed code): the user's app the strategies of
 `clusterfed.flower.strategies` must serve unmodified.
 
-Data: scikit-learn's digits, split evenly over `num-partitions` clients; the clients form four
-groups (partition p in group p % 4), group g trains on digits whose labels 2g and 2g + 1 are
-swapped (a label-swap federation with four concepts). The test set of each client is the last
-fifth of its share.
+Data: scikit-learn's digits, split evenly over `num-partitions` clients; the clients form
+`groups` groups (node config, default four; partition p in group p % groups), group g's digits
+have labels 2g and 2g + 1 swapped (a label-swap federation; one group is iid). The test set of
+each client is the last fifth of its share.
 """
 
 from __future__ import annotations
@@ -33,19 +33,21 @@ class Net(nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
-def true_group(partition_id: int) -> int:
-    return partition_id % GROUPS
+def true_group(partition_id: int, groups: int = GROUPS) -> int:
+    return partition_id % groups
 
 
-def load_data(partition_id: int, num_partitions: int) -> tuple[DataLoader, DataLoader]:
+def load_data(partition_id: int, num_partitions: int, groups: int = GROUPS
+              ) -> tuple[DataLoader, DataLoader]:
     """This partition's train and test loaders."""
     x, y = load_digits(return_X_y=True)
     order = np.random.default_rng(0).permutation(len(y))
     share = np.array_split(order, num_partitions)[partition_id]
-    g = true_group(partition_id)
+    g = true_group(partition_id, groups)
     labels = y[share].copy()
-    a, b = labels == 2 * g, labels == 2 * g + 1
-    labels[a], labels[b] = 2 * g + 1, 2 * g
+    if groups > 1:
+        a, b = labels == 2 * g, labels == 2 * g + 1
+        labels[a], labels[b] = 2 * g + 1, 2 * g
     data = torch.tensor(x[share] / 16.0, dtype=torch.float32)
     target = torch.tensor(labels, dtype=torch.long)
     cut = len(share) * 4 // 5
@@ -92,7 +94,8 @@ def train_handler(msg: Message, context: Context) -> Message:
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     partition_id = context.node_config["partition-id"]
     num_partitions = context.node_config["num-partitions"]
-    trainloader, _ = load_data(partition_id, num_partitions)
+    trainloader, _ = load_data(partition_id, num_partitions,
+                               context.node_config.get("groups", GROUPS))
     train_loss = train(model, trainloader, context.run_config["local-epochs"],
                        msg.content["config"]["lr"])
     model_record = ArrayRecord(model.state_dict())
@@ -107,7 +110,8 @@ def evaluate_handler(msg: Message, context: Context) -> Message:
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     partition_id = context.node_config["partition-id"]
     num_partitions = context.node_config["num-partitions"]
-    _, testloader = load_data(partition_id, num_partitions)
+    _, testloader = load_data(partition_id, num_partitions,
+                              context.node_config.get("groups", GROUPS))
     eval_loss, eval_acc = test(model, testloader)
     metrics = {"eval_loss": eval_loss, "eval_acc": eval_acc,
                "num-examples": len(testloader.dataset)}
