@@ -161,14 +161,23 @@ def test_a_strategy_gives_the_simulators_clusters_on_the_same_federation_and_see
     strategy = strategies.STRATEGIES[algorithm["name"]](
         min_available_nodes=n, fraction_train=float(config["train"]["participation"]),
         seed=int(config["seed"]), **options)
-    result = strategy.start(grid=grid, initial_arrays=unflatten(built.setup.initial_params,
-                                                                layout),
+    initial = unflatten(built.setup.initial_params, layout)
+    result = strategy.start(grid=grid, initial_arrays=initial,
                             train_config=ConfigRecord({"lr": float(config["train"]["lr"])}),
-                            num_rounds=rounds)
+                            num_rounds=rounds, evaluate_fn=first_weight)
     # Node ids rise with the partition: client c is partition c, as in the simulator.
     assert [grid.nodes[node] for node in result.node_ids] == list(range(n))
     assert [result.assignment[node] for node in result.node_ids] == expected
     assert len(set(expected)) > 1    # the case clusters at all
+    # evaluate_fn saw every cluster's model, before round 1 the initial one.
+    assert result.evaluate_metrics_serverapp[0]["w"] == [first_weight(0, initial)["w"]]
+    assert result.evaluate_metrics_serverapp[rounds]["w"] == [
+        first_weight(rounds, model)["w"] for model in result.cluster_arrays]
+
+
+def first_weight(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+    """A server-side 'evaluation': the model's first weight."""
+    return MetricRecord({"w": float(next(iter(arrays.values())).numpy().ravel()[0])})
 
 
 def test_a_method_whose_clients_must_send_more_is_refused_in_one_line():
