@@ -35,8 +35,13 @@ test-fast: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope \
 		-m 'fast and not reproduction and not slow and not flower'
 
-# Real SuperLink and SuperNode processes on 127.0.0.1: minutes of process starts, so apart.
-test-flower: $(VENV)/.installed-test
+$(VENV)/.installed-simulation: $(VENV)/.installed-test
+	$(PIP) -e '.[test,flower,simulation]'
+	touch $@
+
+# Real SuperLink and SuperNode processes on 127.0.0.1, and Flower's simulation engine (Ray):
+# minutes of process starts, so apart.
+test-flower: $(VENV)/.installed-simulation
 	$(BIN)/python -m pytest -q -m flower
 
 # reference_cfl.py needs the CFL authors' code (CLUSTERFED_CFL_AUTHORS=PATH); it skips without.

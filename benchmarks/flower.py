@@ -11,7 +11,7 @@ single-threaded workers. Rounds are timed after one warm-up round (Ray's start, 
 data loading and clusterfed's worker start are not counted): wall seconds and CPU seconds of
 this process and all its descendants (Ray's raylet and actors, clusterfed's workers), from
 /proc. The two sides take turns, A B then B A, `--repeats` times, in one sitting.
-Needs `flwr[simulation]==1.41.0`; without it, prints a skip line.
+Needs `flwr[simulation]==1.42.0`; without it, prints a skip line.
 
 The bound: the round's FLOPs (10 clients' steps, forward and backward), the float32 matmul
 peak, and torch's kernel floor: the CPU seconds of the round's training in the textbook loop
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import flwr
     except ImportError:
-        print("SKIP flower: flwr is not installed (pip install 'flwr[simulation]==1.41.0')")
+        print("SKIP flower: flwr is not installed (pip install 'flwr[simulation]==1.42.0')")
         return 0
     cpus = torch.get_num_threads()
     print(f"MNIST, fedavg_cnn, {CLIENTS} iid clients x {PER_CLIENT}, {PER_ROUND}/round, "

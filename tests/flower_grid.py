@@ -1,7 +1,8 @@
 """An in-process Flower Grid for the Flower runtime's fast tests: no processes, no sockets.
 
-Each node is a partition id served by the real ClientApp (`clusterfed.flower.client_app.app`),
-called in this process, with a node config of its own (`add_node(p, {"data-path": ...})`).
+Each node is a partition id served by a ClientApp called in this process (clusterfed's own,
+`clusterfed.flower.client_app.app`, unless given), with a node config of its own
+(`add_node(p, {"data-path": ...})`) and the run config given.
 A node can be made silent (it never answers: a crashed SuperNode) or given a `tamper` function
 that rewrites its replies (a faulty or malicious client).
 """
@@ -9,9 +10,11 @@ that rewrites its replies (a faulty or malicious client).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from flwr.app import Context, Message, RecordDict
+from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -19,10 +22,13 @@ from clusterfed.flower.client_app import app as client_app
 
 
 class LoopbackGrid(Grid):
-    def __init__(self, partitions: Iterable[int]) -> None:
+    def __init__(self, partitions: Iterable[int], app: ClientApp = client_app,
+                 run_config: Mapping[str, Any] | None = None,
+                 node_config: Mapping[str, Any] | None = None) -> None:
         # What a real flwr-serverapp process sets before the ServerApp builds messages.
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
         self._ids = itertools.count(1000)
+        self.app, self.run_config = app, dict(run_config or {})
         self.nodes: dict[int, int] = {}             # node id -> partition
         self.node_configs: dict[int, dict] = {}     # node id -> its node config
         self.serving = False                        # True while a node handles a message
@@ -35,7 +41,7 @@ class LoopbackGrid(Grid):
         self.pushed = 0
         self.fail_after: int | None = None          # raise on the push after this many
         for p in partitions:
-            self.add_node(p)
+            self.add_node(p, dict(node_config or {}))
 
     def add_node(self, partition: int, node_config: dict | None = None) -> int:
         """A new node (a new id, as a restarted SuperNode gets) serving `partition`."""
@@ -76,10 +82,11 @@ class LoopbackGrid(Grid):
             if node not in self.nodes or node in self.silent:
                 continue
             context = Context(run_id=1, node_id=node, node_config=self.node_configs[node],
-                              state=self.states.setdefault(node, RecordDict()), run_config={})
+                              state=self.states.setdefault(node, RecordDict()),
+                              run_config=dict(self.run_config))
             self.serving = True
             try:
-                reply = client_app(msg, context)
+                reply = self.app(msg, context)
             finally:
                 self.serving = False
             if node in self.tamper:

@@ -1,7 +1,7 @@
 """A long-lived ClientApp process beside a SuperNode started with `--isolation process`.
 
-Flower 1.41's `flwr-clientapp` serves one message and exits, in both isolation modes (the
-SuperNode's own SuperExec, or a `flower-superexec` beside it, starts one per message), so every
+Flower 1.42's (as 1.41's) `flwr-clientapp` serves one message and exits, in both isolation modes
+(the SuperNode's own SuperExec, or a `flower-superexec` beside it, starts one per message), so every
 message pays for a fresh interpreter, Flower's and torch's imports and the node's data. This
 process takes the SuperExec's place: it claims the node's ClientApp tasks on the SuperNode's
 Runtime API one at a time and runs each here, so the imports, the loaded ClientApp and
@@ -61,7 +61,7 @@ log = logging.getLogger("clusterfed.flower.worker")
 # Seconds between task claims: short right after a task (a round's next message follows soon),
 # doubling while idle up to the longest, which is Flower's SuperExec's own interval.
 POLL_MIN, POLL_MAX = 0.05, 1.0
-# The SuperNode expires a claimed task after 60 s without a heartbeat (Flower 1.41).
+# The SuperNode expires a claimed task after 60 s without a heartbeat (Flower 1.41, 1.42).
 HEARTBEAT_SECONDS = 20.0
 PRELOAD = "clusterfed.flower.client_app"
 ACQUIRE_TASK = "/flwr.proto.Runtime/AcquireTask"
