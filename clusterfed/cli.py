@@ -74,7 +74,10 @@ def run(source: str | None, overrides: tuple[str, ...], out: str | None, data_di
         resume_dir: str | None, overwrite: bool) -> None:
     """Run PRESET or CONFIG.yaml with key=value overrides, or --resume a run folder."""
     from clusterfed.report import write_report
+    from clusterfed.sim.choice import choice_log
     from clusterfed.sim.simulation import resume_run, run_config
+
+    choice_log.setLevel(logging.INFO)   # one line: the executor and threads the run uses
 
     if resume_dir:
         if source or overrides:
