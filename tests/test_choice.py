@@ -126,3 +126,15 @@ def test_the_readme_example_without_a_guard_runs_the_clis_workers(tmp_path):
     assert "worker processes of 1 thread" in done.stderr
     assert (tmp_path / "ran").read_text() == "x"       # the script ran once, not per worker
     assert Path(tmp_path).exists()
+
+
+def test_flower_local_says_which_settings_give_its_figures():
+    from clusterfed.flower.launch import simulator_note
+
+    config = resolve(tiny_config(train={"participation": 1.0}))
+    assert "run.executor=processes" in simulator_note(config, None)   # auto groups: a note
+    for run in ({"executor": "processes"}, {"executor": "sequential", "threads": 1}):
+        assert simulator_note(resolve(tiny_config(train={"participation": 1.0}, run=run)),
+                              None) is None
+    two = resolve(tiny_config(run={"executor": "sequential", "threads": 2}))
+    assert "2 threads" in simulator_note(two, None)
