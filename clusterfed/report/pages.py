@@ -67,7 +67,8 @@ def _run_report(folder: Path, truth: np.ndarray | None = None, source: str = "")
     groups, what = plots.grouping(clustering)
     accuracy = summary["final"]["per_client_accuracy"]
     plots.accuracy_curves(metrics, folder / "accuracy.png")
-    plots.per_client_bars(accuracy, groups, folder / "per_client.png")
+    plots.per_client_bars(accuracy, groups, folder / "per_client.png",
+                          f"{what} cluster")
     if known:
         plots.cluster_matrix(clustering["true_assignment"], clustering["assignment"],
                              folder / "clusters.png")
@@ -139,7 +140,9 @@ def _comparison_report(folder: Path, truth: np.ndarray | None = None, source: st
             if truth is not None:   # the table's ARI too, against the same truth
                 comparison["summaries"][name] = _records(folder / name, truth, source)[0]
         runs[name] = read_jsonl(folder / name / "metrics.jsonl")
-    plots.compare_curves(runs, folder / "accuracy.png")
+    plots.compare_curves(runs, folder / "accuracy.png",
+                         {name: comparison["summaries"].get(name, {}).get("algorithm", name)
+                          for name in runs})
     scored = [f"ARI against the true clusters in {source}.", ""] if truth is not None else []
     config = yaml.safe_load((folder / "config.yaml").read_text()) \
         if (folder / "config.yaml").exists() else None
