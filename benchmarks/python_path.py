@@ -3,8 +3,8 @@
 Each variant runs in a fresh interpreter, taking turns (A B C, then B C A, ...), so that a
 machine shared with other jobs loads them alike. The Python variant is the README's example
 as a script without `if __name__ == "__main__":`, the case that used to fall back to one
-process at torch's threads. Prints wall and CPU seconds (children included), the final mean
-accuracy, and each variant's ratio to the CLI's median time.
+process at torch's threads. Prints wall seconds, the final mean accuracy, and each variant's
+ratio to the CLI's median time.
 
     PYTHONPATH=. python benchmarks/python_path.py [--rounds 20] [--repeats 2] \\
         [--extra run.threads=1 ...] [--variants python cli cli-threads1] [--repo PATH]
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -39,14 +38,9 @@ print(json.dumps({"accuracy": summary["final"]["mean_accuracy"]}))
 """
 
 
-def cpu_of_children() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def run_variant(variant: str, overrides: list[str], work: Path, repo: Path
-                ) -> tuple[float, float, float]:
-    """(wall s, CPU s, final mean accuracy) of one run in a fresh interpreter."""
+                ) -> tuple[float, float]:
+    """(wall s, final mean accuracy) of one run in a fresh interpreter."""
     if variant == "python":
         script = work / "example.py"
         script.write_text(SCRIPT)
@@ -55,15 +49,15 @@ def run_variant(variant: str, overrides: list[str], work: Path, repo: Path
         extra = ["run.threads=1"] if variant == "cli-threads1" else []
         argv = [sys.executable, "-m", "clusterfed", "run", "quickstart", *overrides, *extra,
                 "--out", str(work / f"run-{time.time_ns()}")]
-    cpu, began = cpu_of_children(), time.perf_counter()
+    began = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, cwd=work, check=True,
                           env={**os.environ, "PYTHONPATH": str(repo)})
-    wall, cpu = time.perf_counter() - began, cpu_of_children() - cpu
+    wall = time.perf_counter() - began
     if variant == "python":
         accuracy = json.loads(done.stdout.strip().splitlines()[-1])["accuracy"]
     else:   # "fedavg: mean accuracy 0.7523, ..."
         accuracy = float(done.stdout.split("mean accuracy ")[1].split(",")[0])
-    return wall, cpu, accuracy
+    return wall, accuracy
 
 
 def main() -> None:
@@ -79,26 +73,25 @@ def main() -> None:
                  *args.extra]
     print(machine())
     print(f"clusterfed of {args.repo}; load average at the start: {os.getloadavg()}")
-    times: dict[str, list[tuple[float, float, float]]] = {v: [] for v in args.variants}
+    times: dict[str, list[tuple[float, float]]] = {v: [] for v in args.variants}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
             shift = r % len(args.variants)
             for variant in args.variants[shift:] + args.variants[:shift]:
                 times[variant].append(run_variant(variant, overrides, Path(tmp), args.repo))
-                wall, cpu, acc = times[variant][-1]
-                print(f"  {variant:13s} {wall:7.1f} s wall {cpu:7.1f} s CPU  accuracy {acc:.4f}",
-                      flush=True)
+                wall, acc = times[variant][-1]
+                print(f"  {variant:13s} {wall:7.1f} s  accuracy {acc:.4f}", flush=True)
     print(f"load average at the end: {os.getloadavg()}")
-    base = statistics.median(w for w, _, _ in times["cli"]) if "cli" in times else None
+    base = statistics.median(w for w, _ in times["cli"]) if "cli" in times else None
     print(f"\nquickstart {' '.join(overrides)}, median of {args.repeats}")
-    print("| variant | wall s | CPU s | mean accuracy | x the CLI's time |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print("| variant | wall s (each run) | median | mean accuracy | x the CLI's median |")
+    print("| --- | --- | ---: | ---: | ---: |")
     for variant, runs in times.items():
-        wall = statistics.median(w for w, _, _ in runs)
-        cpu = statistics.median(c for _, c, _ in runs)
-        accs = sorted({f"{a:.4f}" for _, _, a in runs})
+        wall = statistics.median(w for w, _ in runs)
+        each = " / ".join(f"{w:.1f}" for w, _ in runs)
+        accs = " / ".join(sorted({f"{a:.4f}" for _, a in runs}))
         ratio = f"{wall / base:.2f}" if base else "-"
-        print(f"| {variant} | {wall:.1f} | {cpu:.1f} | {' / '.join(accs)} | {ratio} |")
+        print(f"| {variant} | {each} | {wall:.1f} | {accs} | {ratio} |")
 
 
 if __name__ == "__main__":

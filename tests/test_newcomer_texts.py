@@ -51,3 +51,17 @@ def test_benchmark_help_counts_the_quick_scenarios_it_runs(capsys):
     assert code == 0
     words = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
     assert f"{words[len(QUICK['scenarios'])]} scenarios" in " ".join(out.split())
+
+
+def test_flhc_table_shows_the_first_evaluated_round_after_clustering_not_a_row_of_na():
+    from clusterfed.algorithms.flhc.report import comparison_rows
+
+    # Evaluation every 5 rounds; the clustering round starts round 11 (not evaluated).
+    fedavg = [{"round": r, **({"mean_accuracy": r / 100} if r % 5 == 0 else {})}
+              for r in range(1, 21)]
+    flhc = [{**m, **({"flhc_clustering": True} if m["round"] == 11 else {})} for m in fedavg]
+    rows = comparison_rows(fedavg, [{**m, "mean_accuracy": 0.3} if "mean_accuracy" in m
+                                    else m for m in flhc])
+    assert [(r["label"], r["round"]) for r in rows] == [
+        ("first evaluated after clustering", 15), ("last", 20)]
+    assert rows[0]["flhc"]["mean_accuracy"] == 0.3 and rows[0]["accuracy_ratio"] == "2.00x"
