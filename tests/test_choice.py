@@ -24,6 +24,7 @@ from clusterfed.sim.choice import (
     Workload,
     auto_kind,
     build_executor,
+    choice_log,
     choose,
     run_threads,
 )
@@ -99,7 +100,10 @@ def test_a_fixable_obstacle_groups_in_this_process_with_one_thread_and_warns(
 
 
 def test_the_cli_says_which_executor_and_threads_it_chose(capsys, caplog, tmp_path):
-    code, _, err = cli(capsys, "run", "quickstart", *SMALL, "--out", str(tmp_path))
+    try:
+        code, _, err = cli(capsys, "run", "quickstart", *SMALL, "--out", str(tmp_path))
+    finally:
+        choice_log.setLevel(logging.NOTSET)   # the CLI's setting, not the later tests'
     assert code == 0, err
     lines = [r.getMessage() for r in caplog.records if r.name == "clusterfed.executor"]
     assert len(lines) == 1 and lines[0].startswith("executor: ") and "thread" in lines[0]
