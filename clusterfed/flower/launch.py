@@ -99,7 +99,10 @@ def run_local(config: Mapping[str, Any], folder: str | Path, *, clients: int | N
     if secret_file is not None and config["run"]["privacy"] == "none":
         raise ClusterfedError("--secret-file is the secret of run.privacy: set "
                               "run.privacy=permutation (or signed_permutation)")
-    note = simulator_note(config, data_dir, own_data)
+    try:
+        note = simulator_note(config, data_dir, own_data)
+    except ClusterfedError:   # the nodes report what is wrong with the data, more precisely
+        note = None
     if note:
         echo(note)
     folder.mkdir(parents=True, exist_ok=True)
