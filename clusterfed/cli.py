@@ -110,6 +110,9 @@ def main(verbose: bool) -> None:
 def run(source: str | None, overrides: tuple[str, ...], out: str | None, data_dir: str | None,
         resume_dir: str | None, overwrite: bool) -> None:
     """Run PRESET or CONFIG.yaml with key=value overrides, or --resume a run folder."""
+    # One line: the executor and threads the run uses (sim.choice's logger; named here so
+    # that a bad argument is answered before torch is imported).
+    logging.getLogger("clusterfed.executor").setLevel(logging.INFO)
     if resume_dir:
         folder = _resumable(resume_dir, source, overrides)
         from clusterfed.sim.simulation import resume_run
@@ -154,15 +157,21 @@ def compare(source: str, overrides: tuple[str, ...], algorithms: str | None, out
             data_dir: str | None, jobs: int) -> None:
     """Run several algorithms on the same federation and tabulate them."""
     from clusterfed.experiments.compare import compare as run_compare
-    from clusterfed.experiments.compare import format_table, table_rows
+    from clusterfed.experiments.compare import format_table, labelled_sections, table_rows
     from clusterfed.report import write_report
 
     name, config = _resolve(source, overrides, data_dir)
     folder = _out_dir(out, name, "compare")
     names = [a.strip() for a in algorithms.split(",") if a.strip()] if algorithms else None
+    labels = [label for label, _ in labelled_sections(config, names)]
+    reused = [label for label in labels if (folder / label / "summary.json").exists()]
     comparison = run_compare(config, folder, names, jobs=jobs)
     write_report(folder)
     click.echo(format_table(table_rows(comparison)))
+    if reused:
+        click.echo(f"reused {len(reused)} of {len(labels)} finished runs already in {folder} "
+                   f"({', '.join(reused)}); delete them or give another --out to run them "
+                   f"again")
     click.echo(f"report: {folder / 'report.md'}")
 
 
@@ -240,8 +249,9 @@ def _seeds(option: str | None, default: Sequence[int]) -> list[int]:
 
 @main.command()
 @click.argument("overrides", nargs=-1)
-@click.option("--quick", is_flag=True, help="The quick matrix: digits, five scenarios, the "
-              "clustered methods, 3 seeds (minutes on 2 cores).")
+@click.option("--quick", is_flag=True, help="The quick matrix: digits, four scenarios (label "
+              "swap, unequal rotations, label groups, iid), the clustered methods, 3 seeds "
+              "(minutes on 2 cores).")
 @click.option("--datasets", help="Comma-separated datasets (digits, mnist, fashion_mnist).")
 @click.option("--scenarios", help="Comma-separated scenarios (default: all, or the quick ones).")
 @click.option("--methods", help="Comma-separated algorithms (default: the clustered methods "
@@ -286,8 +296,29 @@ def benchmark(overrides: tuple[str, ...], quick: bool, datasets: str | None,
 def presets() -> None:
     """List the presets."""
     for name, path in sorted(cfg.preset_paths().items()):
-        first = path.read_text().splitlines()[0]
-        click.echo(f"{name:28s} {first.lstrip('# ') if first.startswith('#') else ''}")
+        click.echo(f"{name:29s} {preset_summary(path.read_text())}")
+
+
+def preset_summary(text: str, width: int = 160) -> str:
+    """A preset file's leading comment up to its first full stop outside parentheses; past
+    `width`, cut at the last comma, colon or semicolon outside parentheses (then "..."): a
+    description never cut mid-parenthesis."""
+    words = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        words += line.lstrip("# ").split()
+    comment, depth, cut = " ".join(words), 0, 0
+    for i, char in enumerate(comment):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        ends = i + 1 == len(comment) or comment[i + 1] == " "
+        if depth or not ends or char not in ".,:;":
+            continue
+        if char == "." and not comment[:i].endswith(("e.g", "i.e", "al", "vs", "Fig")):
+            return comment[:i + 1] if i < width or not cut else comment[:cut] + " ..."
+        if char != "." and i < width:
+            cut = i
+    return comment if len(comment) <= width or not cut else comment[:cut] + " ..."
 
 
 @main.group()

@@ -48,7 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "run": {
         "checkpoint_every": 5,
         "progress": True,
-        "threads": None,
+        "threads": None,        # torch threads here; None: 1 for small models (sim/choice.py)
         "privacy": "none",      # or "permutation" / "signed_permutation" (CFL Section V-B)
         "privacy_seed": None,   # the clients' shared secret (default: derived from the seed)
         "privacy_secret_file": None,  # or a file of the clients' secret (clusterfed secret new)

@@ -9,7 +9,6 @@ import multiprocessing as mp
 import os
 import signal
 import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -364,17 +363,10 @@ def test_a_module_with_running_statistics_stays_in_this_process(federation, capl
     assert proc.started_pids == []
 
 
-def test_workers_never_start_where_they_could_not(monkeypatch, tmp_path):
+def test_workers_never_start_where_they_could_not():
     assert start_obstacle(nn.Linear(2, 2)) is None
     odd = nn.Linear(2, 2)
     odd.hook = lambda x: x                   # pickles by reference: cannot
     assert "does not pickle" in start_obstacle(odd)
-    script = tmp_path / "unguarded.py"
-    script.write_text("run_config('quickstart')\n")
-    main = types.ModuleType("__main__")
-    main.__file__, main.__spec__ = str(script), None
-    monkeypatch.setitem(sys.modules, "__main__", main)
-    assert "guard" in start_obstacle(nn.Linear(2, 2))   # every worker would run it again
-    script.write_text("if __name__ == '__main__':\n    run_config('quickstart')\n")
-    assert start_obstacle(nn.Linear(2, 2)) is None
+    # A script without a main guard: tests/test_choice.py.
 

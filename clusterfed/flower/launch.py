@@ -46,6 +46,33 @@ def own_data_config(config: Mapping[str, Any], root: str | Path) -> dict[str, An
     return resolved
 
 
+def simulator_note(config: Mapping[str, Any], data_dir: str | None,
+                   own_data: str | Path | None = None) -> str | None:
+    """Where `clusterfed run` on this config would not give this run's figures digit for digit,
+    what it computes with and which settings do; None where it would.
+
+    A Flower node trains one client at a time with one thread, as the simulator's `processes`
+    executor and its sequential one at one thread do; grouped and vectorised rounds, and
+    several threads, sum in another order (docs/flower.md)."""
+    # Imported here: the launcher itself needs no torch.
+    from clusterfed.models import FlatModel, build_model
+    from clusterfed.sim.build import build_federation_for
+    from clusterfed.sim.choice import choose
+
+    if own_data is not None:   # the server's config names no root: the folders are here
+        config = {**config, "data": {**config["data"], "root": str(own_data)}}
+    federation = build_federation_for(config, data_dir)
+    module = build_model(**{"input_shape": federation.input_shape,
+                            "n_classes": federation.n_classes, **config["model"]})
+    choice = choose(config["run"], FlatModel(module), federation, config["train"])
+    if choice.kind == "processes" or (choice.kind == "sequential" and choice.threads == 1):
+        return None
+    what = choice.describe().removeprefix("executor: ").split(" (auto:")[0]
+    return (f"note: `clusterfed run` on this config computes with {what}, so its figures can "
+            f"differ from this run's in the last digits; run it with run.executor=processes "
+            f"(or run.executor=sequential run.threads=1) for the same figures")
+
+
 def run_local(config: Mapping[str, Any], folder: str | Path, *, clients: int | None = None,
               data_dir: str | None = None, resume: bool = False, secure: bool = False,
               simulation: bool = False, client_cpus: int = 1, client_gpus: float = 0.0,
@@ -77,6 +104,12 @@ def run_local(config: Mapping[str, Any], folder: str | Path, *, clients: int | N
     if own_data is not None:
         config = own_data_config(config, own_data)
         sites = [p.resolve() for p in own.client_folders(own_data)]
+    try:
+        note = simulator_note(config, data_dir, own_data)
+    except ClusterfedError:   # the nodes report what is wrong with the data, more precisely
+        note = None
+    if note:
+        echo(note)
     folder.mkdir(parents=True, exist_ok=True)
     n = len(sites) if sites else clients or int(config["scenario"]["clients"])
     summary_path = folder / "summary.json"

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from clusterfed.algorithms import ALGORITHMS
 from clusterfed.clustering.metrics import score_text
@@ -77,7 +78,8 @@ def _run_report(folder: Path, truth: np.ndarray | None = None, source: str = "")
     # null (NaN): a client not evaluated (a node that never replied, no test data).
     accuracy = np.asarray(summary["final"]["per_client_accuracy"], dtype=np.float64)
     plots.accuracy_curves(metrics, folder / "accuracy.png")
-    plots.per_client_bars(accuracy, groups, folder / "per_client.png")
+    plots.per_client_bars(accuracy, groups, folder / "per_client.png",
+                          f"{what} cluster")
     if known:
         plots.cluster_matrix(clustering["true_assignment"], clustering["assignment"],
                              folder / "clusters.png")
@@ -110,6 +112,36 @@ def _run_report(folder: Path, truth: np.ndarray | None = None, source: str = "")
     return path
 
 
+# What the table's ARI column means, for a reader who has not met it.
+ARI_MEANING = ("ARI (adjusted Rand index) compares the clients' clusters a method found with "
+               "the true clusters: 1 is the same grouping, about 0 no better than chance; "
+               "a method without clusters puts every client in one, which scores 0 wherever "
+               "there are several true clusters.")
+
+
+def federation_lines(config: Mapping[str, Any] | None,
+                     summaries: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """What the compared methods ran on (dataset, scenario, clients, true clusters) and what
+    ARI means: the top of a comparison's report."""
+    truth = next((s["clustering"].get("true_assignment") for s in summaries.values()
+                  if s["clustering"].get("true_assignment") is not None), None)
+    clients = next((len(s["clustering"]["assignment"]) for s in summaries.values()), None)
+    if config is None:
+        what = "The federation's config is not in this folder."
+    else:
+        scenario = config.get("scenario", {})
+        data = config.get("data", {}).get("dataset", "?")
+        kind = scenario.get("kind") if data != "folders" else "own client folders"
+        clusters = (f"{len(set(truth))} true clusters" if truth is not None
+                    else "true clusters unknown")
+        what = (f"The federation: {data}, scenario {kind}, {clients} clients in {clusters}; "
+                f"model {config.get('model', {}).get('name', '?')}, "
+                f"{config.get('train', {}).get('rounds', '?')} rounds, seed "
+                f"{config.get('seed', '?')}.")
+    return [what, "", ARI_MEANING if truth is not None else
+            "ARI is n/a: the true clusters are unknown.", ""]
+
+
 def _comparison_report(folder: Path, truth: np.ndarray | None = None, source: str = ""
                        ) -> Path:
     comparison = json.loads((folder / "comparison.json").read_text())
@@ -120,9 +152,14 @@ def _comparison_report(folder: Path, truth: np.ndarray | None = None, source: st
             if truth is not None:   # the table's ARI too, against the same truth
                 comparison["summaries"][name] = _records(folder / name, truth, source)[0]
         runs[name] = read_jsonl(folder / name / "metrics.jsonl")
-    plots.compare_curves(runs, folder / "accuracy.png")
+    plots.compare_curves(runs, folder / "accuracy.png",
+                         {name: comparison["summaries"].get(name, {}).get("algorithm", name)
+                          for name in runs})
     scored = [f"ARI against the true clusters in {source}.", ""] if truth is not None else []
-    lines = ["# Comparison", "", "```", format_table(table_rows(comparison)), "```", "",
+    config = yaml.safe_load((folder / "config.yaml").read_text()) \
+        if (folder / "config.yaml").exists() else None
+    lines = ["# Comparison", "", *federation_lines(config, comparison["summaries"]),
+             "```", format_table(table_rows(comparison)), "```", "",
              *scored, "![accuracy](accuracy.png)", "",
              "Each algorithm's own report: " + ", ".join(
                  f"[{n}]({n}/report.md)" for n in comparison["algorithms"]), ""]

@@ -11,6 +11,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from clusterfed.clustering.metrics import contingency  # noqa: E402
 
@@ -67,9 +69,11 @@ def accuracy_curves(metrics: Sequence[Mapping[str, Any]], path: Path,
     plt.close(fig)
 
 
-def per_client_bars(accuracy: Sequence[float], clusters: Sequence[int], path: Path) -> None:
-    """Final accuracy of each client, coloured by its cluster (true, or found without truth);
-    a client not evaluated (NaN) is marked so, not left a blank gap."""
+def per_client_bars(accuracy: Sequence[float], clusters: Sequence[int], path: Path,
+                    what: str = "true") -> None:
+    """Final accuracy of each client, coloured by its cluster (`what`: "true", or "found"
+    without truth), with a legend of the colours; a client not evaluated (NaN) is marked so,
+    not left a blank gap."""
     fig, ax = plt.subplots(figsize=(max(6, len(accuracy) * 0.15), 3.5))
     colours = plt.get_cmap("tab10")(np.asarray(clusters) % 10)
     acc = np.asarray(accuracy, dtype=np.float64)
@@ -77,6 +81,12 @@ def per_client_bars(accuracy: Sequence[float], clusters: Sequence[int], path: Pa
     for k in np.flatnonzero(np.isnan(acc)):
         ax.text(k, 0.02, "not evaluated", rotation=90, ha="center", va="bottom", fontsize=7)
     ax.set(xlabel="client", ylabel="final test accuracy", ylim=(0, 1))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # clients are whole numbers
+    ids = sorted(set(int(c) for c in clusters))
+    if len(ids) <= MAX_CLUSTER_LINES:
+        ax.legend(handles=[Patch(color=plt.get_cmap("tab10")(k % 10), label=f"{what} {k}")
+                           for k in ids], fontsize=8, loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -132,17 +142,47 @@ def line_styles(count: int) -> list[tuple[tuple[float, ...], str]]:
             for i in range(count)]
 
 
-def compare_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path) -> None:
-    """Mean client accuracy per round, one line per algorithm, each its own colour and style."""
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for (name, metrics), (colour, style) in zip(runs.items(), line_styles(len(runs)),
-                                                strict=True):
-        rows = _evaluated(metrics)
-        ax.plot([m["round"] for m in rows], [m["mean_accuracy"] for m in rows], label=name,
-                color=colour, linestyle=style)
-    ax.set(xlabel="round", ylabel="mean client test accuracy", ylim=(0, 1))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+# The comparison's panels: methods without clusters by what they do instead; every other
+# method clusters. FedAvg, the reference, is drawn in every panel.
+REFERENCE = "fedavg"
+KINDS = {"personalised": ("local", "lg_fedavg", "per_fedavg", "fedavg_ft"),
+         "drift-correcting": ("fedprox", "fednova", "scaffold")}
+
+
+def method_panels(algorithms: Mapping[str, str]) -> dict[str, list[str]]:
+    """Run labels by panel ("clustered", "personalised", "drift-correcting"), from each
+    label's algorithm; empty panels left out, and a lone FedAvg gets the clustered one."""
+    panels: dict[str, list[str]] = {"clustered": [], **{kind: [] for kind in KINDS}}
+    for label, algorithm in algorithms.items():
+        if algorithm != REFERENCE:
+            kind = next((k for k, names in KINDS.items() if algorithm in names), "clustered")
+            panels[kind].append(label)
+    shown = {kind: labels for kind, labels in panels.items() if labels}
+    return shown or {"clustered": []}
+
+
+def compare_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path,
+                   algorithms: Mapping[str, str] | None = None) -> None:
+    """Mean client accuracy per round, one panel per kind of method (`method_panels`), one
+    line per run, each its own colour and style, FedAvg in every panel, legends beside."""
+    algorithms = algorithms or {name: name for name in runs}
+    panels = method_panels(algorithms)
+    reference = [label for label, a in algorithms.items() if a == REFERENCE and label in runs]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 3.2 * len(panels)), sharex=True,
+                             squeeze=False)
+    for ax, (kind, labels) in zip(axes[:, 0], panels.items(), strict=True):
+        for label in reference:
+            rows = _evaluated(runs[label])
+            ax.plot([m["round"] for m in rows], [m["mean_accuracy"] for m in rows],
+                    color="black", lw=2, label=label)
+        for label, (colour, style) in zip(labels, line_styles(len(labels)), strict=True):
+            rows = _evaluated(runs[label])
+            ax.plot([m["round"] for m in rows], [m["mean_accuracy"] for m in rows],
+                    label=label, color=colour, linestyle=style)
+        ax.set(ylabel="mean client\ntest accuracy", ylim=(0, 1), title=f"{kind} methods")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    axes[-1, 0].set_xlabel("round")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

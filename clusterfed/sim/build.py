@@ -23,7 +23,7 @@ from clusterfed.data import Federation, build_federation, load_dataset, own
 from clusterfed.data.scenarios.drift import refuse_drift
 from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel, build_model
-from clusterfed.sim.choice import build_executor
+from clusterfed.sim.choice import build_executor, choose
 from clusterfed.sim.executor import Executor
 from clusterfed.tasks import TrainSpec
 
@@ -125,6 +125,8 @@ class Built:
     setup: Setup
     # An executor like this one on another federation (a drift's); None for a given executor.
     executor_for: Callable[[Federation], Executor] | None = None
+    # Torch's threads in this process during the run (sim/choice.py); None: torch's own.
+    threads: int | None = None
 
 
 def build_run(config: Mapping[str, Any], *, federation: Federation | None = None,
@@ -160,15 +162,24 @@ def build_run(config: Mapping[str, Any], *, federation: Federation | None = None
     if not owns_executor:
         refuse_drift(config, "with a given executor (Flower)", federation)
 
-    def executor_for(data: Federation) -> Executor:
-        return build_executor(config["run"], model, data, seed, transform,
-                              config["eval"]["validation_fraction"], config["train"])
+    # Torch's threads now, before the run sets its own: a drift's executor is chosen alike.
+    budget = torch.get_num_threads()
 
-    executor = executor or executor_for(federation)
+    def executor_for(data: Federation) -> Executor:
+        choice = choose(config["run"], model, data, config["train"], budget)
+        return build_executor(choice, model, data, seed, transform,
+                              config["eval"]["validation_fraction"])
+
+    threads = config["run"]["threads"] or None
+    if executor is None:
+        choice = choose(config["run"], model, federation, config["train"], budget)
+        threads = choice.threads
+        executor = build_executor(choice, model, federation, seed, transform,
+                                  config["eval"]["validation_fraction"])
     # The layout is hidden under the privacy transform: coordinates are permuted there.
     layout = None if config["run"]["privacy"] != "none" else tuple(
         (n, tuple(s)) for n, s in zip(model.names, model.shapes, strict=True))
     setup = Setup(federation.num_clients, first, executor.train_sizes(), seed, layout,
                   draw_initial=draw)
     return Built(config, federation, model, algorithm, spec, executor, owns_executor, setup,
-                 executor_for if owns_executor else None)
+                 executor_for if owns_executor else None, threads)

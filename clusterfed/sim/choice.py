@@ -18,11 +18,18 @@ from clusterfed.models.flat import FlatModel
 from clusterfed.models.grouped import grouped_obstacle
 from clusterfed.sim.executor import Executor, SequentialExecutor
 from clusterfed.sim.grouped import GroupedExecutor
-from clusterfed.sim.processes import ProcessExecutor, process_obstacle, usable_cores
+from clusterfed.sim.processes import (
+    ProcessExecutor,
+    start_obstacle,
+    state_obstacle,
+    usable_cores,
+)
 from clusterfed.sim.sampling import clients_per_round
 from clusterfed.sim.vectorised import VectorisedExecutor
 
 log = logging.getLogger("clusterfed")
+# The one line saying which executor and threads a run uses (the CLI shows it by default).
+choice_log = logging.getLogger("clusterfed.executor")
 
 EXECUTORS = ("auto", "sequential", "vectorised", "grouped", "processes")
 # `auto` picks worker processes on a CPU when the run may use several cores and a round trains
@@ -59,6 +66,13 @@ MAX_STEP_FLOPS_FOR_GROUPED_ONE_CORE = 400e6
 MIN_FLOPS_PER_PARAMETER_FOR_GROUPED = 4.0
 # A training step costs about three forward passes (forward, input and weight gradients).
 TRAINING_PASSES = 3.0
+# With run.threads unset, a run on a CPU computes with one torch thread in this process where
+# a client's local step is at most this many FLOPs; cores are used by worker processes. Two
+# threads split each small kernel and wait for each other at every layer, and on a shared
+# machine spin while the other is descheduled (docs/speed.md, 2026-12-07: CFL's
+# reference workload, 164 MFLOP a step, in one process at torch's 2 threads 3.8x the time of
+# one thread; quickstart, 6 MFLOP, 50x). Larger steps keep torch's threads.
+MAX_STEP_FLOPS_FOR_ONE_THREAD = 1e9
 
 
 @dataclass(frozen=True)
@@ -75,6 +89,9 @@ class Workload:
     step_flops: float = float("inf")
     # One sample's forward FLOPs per parameter (MIN_FLOPS_PER_PARAMETER_FOR_GROUPED).
     flops_per_parameter: float = float("inf")
+    # Whether the obstacle is one the user can lift (workers could not start: the main
+    # script), so that the run says so at WARNING.
+    fixable: bool = False
 
     def groups_well(self, max_step_flops: float) -> bool:
         """Whether the grouped executor trains the model and pays at this step size."""
@@ -122,11 +139,16 @@ def auto_kind(device: torch.device, workload: Workload | None) -> tuple[str, str
                                f"steps of {workload.step_flops / 1e6:.0f} MFLOP: grouped in "
                                f"this process; results equal sequential's to float tolerance "
                                f"(run.executor=sequential: bit for bit)")
-        if workload.flops_per_parameter < MIN_FLOPS_PER_PARAMETER_FOR_GROUPED:
+        if workload.grouped_obstacle is None \
+                and workload.flops_per_parameter < MIN_FLOPS_PER_PARAMETER_FOR_GROUPED:
             why += (f"; not grouped: {workload.flops_per_parameter:.1f} forward FLOPs a sample "
                     f"per parameter, too few to pay for streaming every client's weights")
         return "sequential", why
     if workload.obstacle:
+        if workload.fixable and workload.clients_per_round >= 2 \
+                and workload.groups_well(MAX_STEP_FLOPS_FOR_GROUPED):
+            return "grouped", (f"{workload.obstacle}: grouped in this process; results equal "
+                               f"sequential's to float tolerance")
         return "sequential", workload.obstacle
     if workload.clients_per_round < MIN_CLIENTS_FOR_PROCESSES:
         return "sequential", f"{workload.clients_per_round} clients a round"
@@ -146,6 +168,18 @@ def auto_kind(device: torch.device, workload: Workload | None) -> tuple[str, str
     return "processes", why
 
 
+def run_threads(run: Mapping[str, Any], device: torch.device,
+                workload: Workload | None) -> int | None:
+    """Torch's threads in this process during the run: run.threads; unset, on a CPU, one
+    where local steps are small (MAX_STEP_FLOPS_FOR_ONE_THREAD); None keeps torch's own."""
+    if run.get("threads"):
+        return int(run["threads"])
+    if device.type == "cpu" and workload is not None \
+            and workload.step_flops <= MAX_STEP_FLOPS_FOR_ONE_THREAD:
+        return 1
+    return None
+
+
 def executor_kind(name: str, device: torch.device, workload: Workload | None = None) -> str:
     """The executor `run.executor` names; 'auto' as `auto_kind` decides."""
     if name not in EXECUTORS:
@@ -154,8 +188,10 @@ def executor_kind(name: str, device: torch.device, workload: Workload | None = N
 
 
 def workload(run: Mapping[str, Any], train: Mapping[str, Any], model: FlatModel,
-             federation: Federation) -> Workload:
-    """The Workload of a config's run and train sections on `federation`."""
+             federation: Federation, threads_budget: int | None = None) -> Workload:
+    """The Workload of a config's run and train sections on `federation`; `threads_budget`
+    stands for torch's threads when run.threads is unset (a drift's executor is built while
+    the run holds torch at its own threads)."""
     sizes = federation.train_sizes()
     k = clients_per_round(float(train["participation"]), federation.num_clients)
     mean = float(sizes.mean()) if len(sizes) else 0.0
@@ -165,16 +201,26 @@ def workload(run: Mapping[str, Any], train: Mapping[str, Any], model: FlatModel,
         per_client = float(train.get("local_epochs") or 1) * mean
     # The run's thread budget caps the workers: run.threads, else torch's threads (which follow
     # OMP_NUM_THREADS), so a run told to keep to one core does.
-    budget = int(run["threads"]) if run.get("threads") else torch.get_num_threads()
+    budget = int(run["threads"]) if run.get("threads") else (
+        threads_budget or torch.get_num_threads())
     batch = int(train.get("batch_size") or 1)
     grouped = grouped_obstacle(model.module)
-    forward = forward_flops(model.module, tuple(federation.input_shape)) if grouped is None \
-        else math.inf
-    obstacle = process_obstacle(model.module)
+    forward = counted_flops(model.module, tuple(federation.input_shape))
+    obstacle = state_obstacle(model.module)
+    started = None if obstacle else start_obstacle(model.module)
     if train.get("optimizer_state") == "kept":   # the clients' optimiser states live here
         obstacle = "train.optimizer_state=kept (each client's optimiser state is in this process)"
-    return Workload(k, int(k * per_client), min(usable_cores(), budget), obstacle, grouped,
-                    TRAINING_PASSES * forward * batch, forward / max(model.size, 1))
+    return Workload(k, int(k * per_client), min(usable_cores(), budget), obstacle or started,
+                    grouped, TRAINING_PASSES * forward * batch, forward / max(model.size, 1),
+                    fixable=bool(started) and not obstacle)
+
+
+def counted_flops(module: nn.Module, input_shape: tuple[int, ...]) -> float:
+    """`forward_flops`, or infinity for a model whose forward pass on zeros fails."""
+    try:
+        return float(forward_flops(module, input_shape))
+    except Exception:   # a user's model that needs other inputs: weighed as large
+        return math.inf
 
 
 def forward_flops(module: nn.Module, input_shape: tuple[int, ...]) -> int:
@@ -209,38 +255,76 @@ def step_flops(model: FlatModel, input_shape: tuple[int, ...], batch: int) -> fl
     return TRAINING_PASSES * forward_flops(model.module, input_shape) * batch
 
 
-def build_executor(run: Mapping[str, Any], model: FlatModel, federation: Federation, seed: int,
-                   transform: ParameterTransform | None, validation_fraction: float,
-                   train: Mapping[str, Any] | None = None) -> Executor:
-    """The executor the config's `run` section asks for, on its device. `train` (the config's
-    train section) lets `auto` weigh the round's work."""
+@dataclass(frozen=True)
+class Choice:
+    """What a run computes with: its device, executor and workers, and torch's threads in this
+    process (None: torch's own)."""
+
+    device: torch.device
+    name: str                   # run.executor as given
+    kind: str
+    workers: int                # worker processes; 1: in this process
+    threads: int | None
+    why: str                    # `auto`'s reason ('' for a named executor)
+    work: Workload | None
+
+    def describe(self) -> str:
+        """One line: the executor, its workers and threads, and why."""
+        threads = self.threads or torch.get_num_threads()
+        where = (f"{self.kind} in {self.workers} worker processes of 1 thread on {self.device}"
+                 if self.workers > 1 else f"{self.kind} on {self.device}, {threads} thread"
+                 f"{'s' if threads > 1 else ''}")
+        return f"executor: {where}" + (f" (auto: {self.why})" if self.why else "")
+
+
+def choose(run: Mapping[str, Any], model: FlatModel, federation: Federation,
+           train: Mapping[str, Any] | None = None, threads_budget: int | None = None) -> Choice:
+    """The executor, workers and threads the config's `run` section asks for. `train` (the
+    config's train section) lets `auto` weigh the round's work; `threads_budget` stands for
+    torch's threads where run.threads is unset (`workload`)."""
     device = resolve_device(str(run.get("device", "auto")))
     name = str(run.get("executor", "auto"))
-    work = workload(run, train, model, federation) if train is not None else None
+    work = workload(run, train, model, federation, threads_budget) if train is not None else None
     kind = executor_kind(name, device, work)
-    why = f" (auto: {auto_kind(device, work)[1]})" if name == "auto" else ""
+    why = auto_kind(device, work)[1] if name == "auto" else ""
+    if kind == "processes":
+        workers = int(run.get("workers") or (work.cores if name == "auto" and work else None)
+                      or (int(run["threads"]) if run.get("threads") else 0)
+                      or usable_cores())
+    else:
+        # `auto` groups in workers unless the round is too small to start them, or they
+        # cannot start (auto_kind).
+        workers = int(run.get("workers") or (
+            work.cores if name == "auto" and work and not work.obstacle
+            and work.samples_per_round >= MIN_SAMPLES_FOR_PROCESSES else 1))
+        if kind != "grouped" or device.type != "cpu":
+            workers = 1
+    return Choice(device, name, kind, workers, run_threads(run, device, work), why, work)
+
+
+def build_executor(choice: Choice, model: FlatModel, federation: Federation, seed: int,
+                   transform: ParameterTransform | None,
+                   validation_fraction: float) -> Executor:
+    """The executor `choice` names, on its device; its line is logged (`choice_log`), at
+    WARNING where workers could have used more cores but could not start."""
+    device, kind = choice.device, choice.kind
     # Batched executors' sequential fallbacks: expected where `auto` picked them.
-    notice_level = logging.INFO if name == "auto" else logging.WARNING
+    notice_level = logging.INFO if choice.name == "auto" else logging.WARNING
+    work = choice.work
+    if choice.name == "auto" and work is not None and work.fixable and work.cores > 1:
+        choice_log.warning("%s; this run uses one of %d cores: put the script's run under "
+                           "`if __name__ == \"__main__\":` (or define the model in a module) "
+                           "to train in worker processes", choice.describe(), work.cores)
+    else:
+        choice_log.info("%s", choice.describe())
     if kind == "processes":
         if device.type != "cpu":
             raise ConfigError(f"run.executor=processes runs on the CPU; run.device is {device}")
-        workers = run.get("workers") or (work.cores if name == "auto" and work else None) \
-            or (int(run["threads"]) if run.get("threads") else None)
-        executor = ProcessExecutor(model, federation, seed, transform, validation_fraction,
-                                   workers)
-        log.info("executor: processes, %d workers on %s%s", executor.workers, device, why)
-        return executor
-    # `auto` groups in workers unless the round is too small to start them (auto_kind).
-    workers = int(run.get("workers") or (
-        work.cores if name == "auto" and work
-        and work.samples_per_round >= MIN_SAMPLES_FOR_PROCESSES else 1))
-    if kind == "grouped" and workers > 1 and device.type == "cpu":
-        executor = ProcessExecutor(model, federation, seed, transform, validation_fraction,
-                                   workers, grouped=True, notice_level=notice_level)
-        log.info("executor: grouped in %d worker processes on %s%s", executor.workers, device,
-                 why)
-        return executor
-    log.info("executor: %s on %s%s", kind, device, why)
+        return ProcessExecutor(model, federation, seed, transform, validation_fraction,
+                               choice.workers)
+    if kind == "grouped" and choice.workers > 1:
+        return ProcessExecutor(model, federation, seed, transform, validation_fraction,
+                               choice.workers, grouped=True, notice_level=notice_level)
     if kind == "vectorised":
         return VectorisedExecutor(model, federation, seed, transform, validation_fraction,
                                   device, notice_level=notice_level)

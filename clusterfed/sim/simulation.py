@@ -76,6 +76,7 @@ class Simulation:
         self.config, self.federation, self.model = built.config, built.federation, built.model
         self.algorithm, self.spec, self.setup = built.algorithm, built.spec, built.setup
         self.executor, self.owns_executor = built.executor, built.owns_executor
+        self.threads = built.threads   # torch's threads during the run (sim/choice.py)
         # With scenario.drift the federation changes at a round: `self.federation` is the
         # current round's (its data in the executor, its truth scoring the clustering).
         self.scenario_federation, self.executor_for = built.federation, built.executor_for
@@ -234,8 +235,8 @@ class Simulation:
             self.folder.start(self.config)
         self._hold_round(start)
         threads_before = torch.get_num_threads()
-        if self.config["run"]["threads"]:
-            torch.set_num_threads(int(self.config["run"]["threads"]))
+        if self.threads:
+            torch.set_num_threads(self.threads)
 
         began = time.perf_counter()
         every = self.config["eval"]["every"]

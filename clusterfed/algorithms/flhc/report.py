@@ -92,6 +92,15 @@ def curves_plot(runs: Mapping[str, Sequence[Record]], marked: int | None, path: 
     _save(fig, path)
 
 
+def first_evaluated(metrics: Sequence[Record], rnd: int | None) -> int | None:
+    """The first evaluated round at or after `rnd` (with eval.every > 1 the clustering round
+    itself may not be evaluated), or None."""
+    if rnd is None:
+        return None
+    return min((int(m["round"]) for m in metrics
+                if "mean_accuracy" in m and int(m["round"]) >= rnd), default=None)
+
+
 def figures(metrics: Sequence[Record], rnd: int | None) -> dict[str, float | None]:
     row = next((m for m in metrics if m.get("round") == rnd and "mean_accuracy" in m), None)
     if row is None:
@@ -126,7 +135,8 @@ def run_section(folder: Path, summary: Record, metrics: Sequence[Record]) -> lis
     heights = np.asarray(event["tree"], dtype=np.float64)[:, 2] if event["tree"] else \
         np.zeros(0)
     last = int(summary["rounds"])
-    post, end = figures(metrics, marked), figures(metrics, last)
+    shown = first_evaluated(metrics, marked)
+    post, end = figures(metrics, shown), figures(metrics, last)
     top = ", ".join(f"{h:.4g}" for h in np.sort(heights)[::-1][:6])
     cut = "none" if event["cut_height"] is None else f"{event['cut_height']:.4g}"
     median = float(np.median(heights)) if len(heights) else 0.0
@@ -139,7 +149,8 @@ def run_section(folder: Path, summary: Record, metrics: Sequence[Record]) -> lis
         f"{cut}",
         f"- clusters: {event['n_clusters']}, sizes {event['cluster_sizes']}{scored}",
         f"- highest merge heights: {top}; median {median:.4g}",
-        f"- post-cluster (round {marked}): mean accuracy {_pct(post['mean_accuracy'])} %, "
+        f"- post-cluster (round {shown}{'' if shown == marked else ', the first evaluated'}): "
+        f"mean accuracy {_pct(post['mean_accuracy'])} %, "
         f"clients at target {_pct(post['clients_at_target'])} %",
         f"- round {last}: mean accuracy {_pct(end['mean_accuracy'])} %, clients at target "
         f"{_pct(end['clients_at_target'])} %",
@@ -155,8 +166,10 @@ def comparison_rows(fedavg: Sequence[Record], flhc: Sequence[Record]
     marked = clustering_round(flhc)
     last = max((int(m["round"]) for m in flhc if "mean_accuracy" in m), default=None)
     rows = []
-    for label, rnd in (("post-cluster", marked), ("last", last)):
-        if rnd is None:
+    shown = first_evaluated(flhc, marked)
+    post = "post-cluster" if shown == marked else "first evaluated after clustering"
+    for label, rnd in ((post, shown), ("last", last)):
+        if rnd is None or (label != "last" and rnd == last):
             continue
         a, b = figures(flhc, rnd), figures(fedavg, rnd)
         rows.append({"label": label, "round": rnd, "flhc": a, "fedavg": b,
@@ -173,15 +186,19 @@ def comparison_section(folder: Path, runs: Mapping[str, Sequence[Record]],
     rows = comparison_rows(runs[fedavg], runs[flhc])
     curves_plot({fedavg: runs[fedavg], flhc: runs[flhc]}, clustering_round(runs[flhc]),
                 folder / IMAGES["compare"])
+    # The target columns only where the runs count clients at eval.target_accuracy.
+    target = any(r["flhc"]["clients_at_target"] is not None for r in rows)
+    head = "| round | FL+HC acc % | FL acc % | FL+HC / FL |"
     lines = ["## FL+HC against FL (FedAvg)", "",
-             "| round | FL+HC acc % | FL acc % | FL+HC / FL | FL+HC % at target | "
-             "FL % at target | FL+HC / FL |", "|---|---|---|---|---|---|---|"]
+             head + (" FL+HC % at target | FL % at target | FL+HC / FL |" if target else ""),
+             "|---|---|---|---|" + ("---|---|---|" if target else "")]
     for r in rows:
-        lines.append(
-            f"| {r['label']} ({r['round']}) | {_pct(r['flhc']['mean_accuracy'])} | "
-            f"{_pct(r['fedavg']['mean_accuracy'])} | {r['accuracy_ratio']} | "
-            f"{_pct(r['flhc']['clients_at_target'])} | "
-            f"{_pct(r['fedavg']['clients_at_target'])} | {r['target_ratio']} |")
+        cells = (f"| {r['label']} ({r['round']}) | {_pct(r['flhc']['mean_accuracy'])} | "
+                 f"{_pct(r['fedavg']['mean_accuracy'])} | {r['accuracy_ratio']} |")
+        if target:
+            cells += (f" {_pct(r['flhc']['clients_at_target'])} | "
+                      f"{_pct(r['fedavg']['clients_at_target'])} | {r['target_ratio']} |")
+        lines.append(cells)
     lines += ["", "Both runs share their first n rounds (same seed); the vertical line is the "
               "clustering round.", "", f"![FL+HC vs FL]({IMAGES['compare']})", ""]
     return lines
