@@ -283,3 +283,24 @@ def test_benchmark_cells_log_as_runs_of_one_experiment(tmp_path: Path) -> None:
         run = tmp_path / "bench" / "runs" / "digits" / scenario / "seed-0" / method
         assert cfg.load_source(str(run / "config.yaml"))[1]["run"]["experiment"] == "bench"
         assert_equal(by_step(tensorboard_scalars(run / "tensorboard")), run)
+
+
+def test_the_flower_server_app_logs_as_the_simulator_does(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed: "
+                        "pip install 'clusterfed[tensorboard]'")
+    pytest.importorskip("flwr", reason="Flower is not installed: pip install "
+                        "'clusterfed[flower]'")
+    from flower_cases import CLIENTS, flower_config
+    from flower_grid import LoopbackGrid
+
+    from clusterfed.flower.launch import run_config_for
+    from clusterfed.flower.server_app import run_experiment
+
+    run_cfg = cfg.merge(flower_config({"name": "ifca"}, rounds=3, every=1),
+                        {"run": {"loggers": ["tensorboard"]}})
+    run_config(run_cfg, tmp_path / "sim")
+    run_experiment(LoopbackGrid(range(CLIENTS)), run_config_for(run_cfg, tmp_path / "flower"),
+                   report=False)
+    logged = by_step(tensorboard_scalars(tmp_path / "flower" / "tensorboard"))
+    assert_equal(logged, tmp_path / "flower")
+    assert logged == by_step(tensorboard_scalars(tmp_path / "sim" / "tensorboard"))
