@@ -51,7 +51,6 @@ class RunTrackers:
         self.state_path = state_path
         self.logged_round = logged_round
         self.assignment = assignment
-        self.last_step = logged_round
 
     @classmethod
     def open(cls, config: Mapping[str, Any], folder: Path | None, *, resume: bool = False,
@@ -95,7 +94,8 @@ class RunTrackers:
         self._save()
 
     def round(self, record: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> None:
-        """One round's metrics record and events; scalars only where it was evaluated."""
+        """One round's metrics record (all its figures) and events; the clusters' sizes at
+        evaluated rounds, beside their accuracies."""
         step = int(record["round"])
         self.assignment = latest_assignment(events, self.assignment)
         if step <= self.logged_round:
@@ -107,7 +107,7 @@ class RunTrackers:
             backend.scalars(step, values)
             backend.texts(step, lines)
             backend.flush()   # before the folder records the round as logged
-        self.logged_round = self.last_step = step
+        self.logged_round = step
         self._save()
 
     def finished(self, summary: Mapping[str, Any], metrics: Sequence[Mapping[str, Any]]
