@@ -239,6 +239,10 @@ def wandb_logged(folder: Path) -> tuple[set[str], dict[int, dict[str, float]]]:
     """(run ids, step -> figures) of every offline run file under `folder`."""
     import json
 
+    import wandb
+
+    wandb.teardown()   # W&B's own process writes the run files: wait until it has finished
+
     ids, series = set(), {}
     for path in sorted(folder.glob("wandb/offline-run-*/run-*.wandb")):
         for record in wandb_records(path):
