@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PIP) -e '.[test,flower]'
+	$(PIP) -e '.[test,flower,trackers]'
 	touch $@
 
 run: $(VENV)/.installed

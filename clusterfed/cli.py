@@ -520,6 +520,22 @@ def flower_worker(args: tuple[str, ...]) -> None:
     raise SystemExit(worker_main(list(args)))
 
 
+@main.command("export")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
+@click.option("--to", "tracker", type=click.Choice(["tensorboard", "mlflow", "wandb"]),
+              required=True, help="The tracker to log the runs to.")
+@click.option("--logdir", help="TensorBoard: write LOGDIR/RUN/ (default: each run folder's "
+              "tensorboard/); W&B: its files' folder.")
+@click.option("--experiment", help="The experiment name (default: FOLDER's name).")
+def export_runs(folder: str, tracker: str, logdir: str | None, experiment: str | None) -> None:
+    """Log finished run folders (a run, a comparison, a sweep, a reproduction) to a tracker,
+    each run as its own run of one experiment; MLflow's store is MLFLOW_TRACKING_URI."""
+    from clusterfed.trackers.export import export
+
+    names = export(folder, tracker, logdir=logdir, experiment=experiment)
+    click.echo(f"{len(names)} run(s) logged to {tracker}: {', '.join(names)}")
+
+
 @main.command()
 @click.argument("folders", nargs=-1, required=True)
 @click.option("--truth", "truth_file", help="JSON with {\"true_clusters\": [...]} (an exported "

@@ -59,6 +59,10 @@ DEFAULTS: dict[str, Any] = {
                                 # single-threaded worker process per core)
         "workers": None,        # processes: worker count (default: run.threads, else the cores);
                                 # grouped: 2 or more runs it in that many workers
+        "loggers": [],          # experiment trackers beside the run folder: tensorboard,
+                                # mlflow, wandb (each its own extra; docs/trackers.md)
+        "experiment": None,     # the trackers' experiment name (compare/sweep/reproduce/
+                                # benchmark: their folder's name); default "clusterfed"
     },
     # Late clients for any algorithm (algorithms/newcomers.py): out of the federation until
     # round join_round (0-based), when each receives a model and fine-tunes it locally once.
@@ -336,7 +340,24 @@ def validate(config: Mapping[str, Any]) -> None:
     every = config["run"]["checkpoint_every"]
     if not isinstance(every, int) or every < 0:
         raise ConfigError(f"run.checkpoint_every must be an integer >= 0 (0: never), got {every!r}")
+    _check_loggers(config["run"])
     _check_newcomers(config["newcomers"])
+
+
+TRACKERS = ("tensorboard", "mlflow", "wandb")
+
+
+def _check_loggers(run: Mapping[str, Any]) -> None:
+    loggers = run["loggers"]
+    if not isinstance(loggers, list | tuple) or not all(isinstance(x, str) for x in loggers):
+        raise ConfigError(f"run.loggers must be a list of trackers ({', '.join(TRACKERS)}), "
+                          f"got {loggers!r}")
+    unknown = [x for x in loggers if x not in TRACKERS]
+    if unknown or len(set(loggers)) != len(loggers):
+        raise ConfigError(f"run.loggers: {', '.join(unknown) or 'a tracker listed twice'}; "
+                          f"valid: {', '.join(TRACKERS)}, each once")
+    if run["experiment"] is not None and not isinstance(run["experiment"], str):
+        raise ConfigError(f"run.experiment must be a name, got {run['experiment']!r}")
 
 
 def _check_newcomers(section: Mapping[str, Any]) -> None:

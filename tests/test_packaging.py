@@ -20,6 +20,11 @@ PACKAGE = REPO / "clusterfed"
 DISTRIBUTION = {"yaml": "PyYAML", "sklearn": "scikit-learn", "PIL": "pillow"}
 # Modules that only the Flower runtime imports, so they may come from the `flower` extra.
 FLOWER_PART = PACKAGE / "flower"
+# The experiment trackers' backends (run.loggers): each tracker's library is its own extra.
+TRACKERS_PART = PACKAGE / "trackers"
+TRACKER_EXTRAS = ("tensorboard", "mlflow", "wandb")
+# The mlflow extra installs the client distribution, imported as `mlflow`.
+DISTRIBUTION["mlflow"] = "mlflow-skinny"
 
 
 def normalised(name: str) -> str:
@@ -72,10 +77,13 @@ def test_the_scan_sees_lazy_imports_and_skips_stdlib_and_optional_ones():
 def test_every_third_party_import_is_declared_where_it_is_used():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     core = {requirement_name(r) for r in project["dependencies"]}
-    flower = core | {requirement_name(r) for r in project["optional-dependencies"]["flower"]}
+    extras = project["optional-dependencies"]
+    flower = core | {requirement_name(r) for r in extras["flower"]}
+    trackers = core | {requirement_name(r) for x in TRACKER_EXTRAS for r in extras[x]}
     undeclared = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        declared = flower if FLOWER_PART in path.parents else core
+        declared = (flower if FLOWER_PART in path.parents
+                    else trackers if TRACKERS_PART in path.parents else core)
         for name in sorted(third_party_imports(path.read_text())):
             if normalised(DISTRIBUTION.get(name, name)) not in declared:
                 undeclared.append(f"{path.relative_to(REPO)}: {name}")
@@ -87,7 +95,7 @@ def test_declared_flower_dependencies_are_pinned():
     pins = {requirement_name(line.split("==")[0]) for line in
             (REPO / "constraints.txt").read_text().splitlines()
             if "==" in line and not line.lstrip().startswith("#")}
-    for extra in ("flower", "test", "hf"):
+    for extra in ("flower", "test", "hf", *TRACKER_EXTRAS):
         for requirement in project["optional-dependencies"][extra]:
             assert requirement_name(requirement) in pins, requirement
 

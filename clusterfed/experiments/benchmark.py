@@ -180,6 +180,7 @@ def run_benchmark(out: str | Path, *, datasets: Sequence[str], scenarios: Sequen
     cells = [((d, s, e, m), threads_per_job(cell_config(d, s, e, m, [*overrides, *extra]), jobs))
              for d in datasets for s in scenarios for e in seeds for m in methods
              if _key(d, s, e, m) not in done]
+    cells = [(cell, *tracked(config, folder, cell)) for cell, config in cells]
 
     def record(i: int, row: dict[str, Any]) -> None:
         nonlocal count
@@ -194,19 +195,32 @@ def run_benchmark(out: str | Path, *, datasets: Sequence[str], scenarios: Sequen
 
     if jobs == 1:
         federations = LatestFederation()
-        for i, (cell, config) in enumerate(cells):
-            record(i, _cell_row(cell, config, federations))
+        for i, (cell, config, run_dir) in enumerate(cells):
+            record(i, _cell_row(cell, config, federations, run_dir))
     else:
         in_processes(_worker_cell, cells, jobs, finished=record)
     return rows
 
 
-def _worker_cell(cell: tuple[str, str, int, str], config: dict[str, Any]) -> dict[str, Any]:
-    return _cell_row(cell, config, WORKER_FEDERATION)
+def tracked(config: dict[str, Any], folder: Path, cell: tuple[str, str, int, str]
+            ) -> tuple[dict[str, Any], Path | None]:
+    """With run.loggers, a cell gets a run folder (the trackers' files live there) and the
+    benchmark folder's name as its experiment; without, it runs with none."""
+    if not config["run"]["loggers"]:
+        return config, None
+    dataset, scenario, seed, method = cell
+    run_dir = folder / "runs" / dataset / scenario / f"seed-{seed}" / method
+    return cfg.merge(config, {"run": {"experiment": config["run"]["experiment"]
+                                      or folder.resolve().name}}), run_dir
+
+
+def _worker_cell(cell: tuple[str, str, int, str], config: dict[str, Any],
+                 run_dir: Path | None) -> dict[str, Any]:
+    return _cell_row(cell, config, WORKER_FEDERATION, run_dir)
 
 
 def _cell_row(cell: tuple[str, str, int, str], config: Mapping[str, Any],
-              federations: LatestFederation) -> dict[str, Any]:
+              federations: LatestFederation, run_dir: Path | None = None) -> dict[str, Any]:
     """One cell's row; the methods of a (dataset, scenario, seed) share its federation."""
     from clusterfed.sim.simulation import run_config
 
@@ -214,7 +228,7 @@ def _cell_row(cell: tuple[str, str, int, str], config: Mapping[str, Any],
     federation = federations.get(config, None)
     require_truth(federation.true_clusters, f"{dataset}/{scenario}/{seed}")
     start = time.perf_counter()
-    summary = run_config(config, None, federation=federation)
+    summary = run_config(config, run_dir, federation=federation)
     row = {"dataset": dataset, "scenario": scenario, "seed": seed, "method": method,
            "ari": summary["clustering"]["ari"], "clusters": summary["clustering"]["n_clusters"],
            "accuracy": summary["final"]["mean_accuracy"],

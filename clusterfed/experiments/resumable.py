@@ -8,8 +8,9 @@ the rounds since the last checkpoint. A folder holding another config is refused
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,7 @@ def run_jobs(jobs: Sequence[Job], data_dir: str | None, *, workers: int = 1,
     before any run starts; a run that fails in a worker ends the command once the runs beside
     it have finished (none is cut short)."""
     check_jobs(workers)
+    jobs = one_experiment(jobs)
     for job in jobs:
         check_folder(job.config, job.folder, job.identity)
     summaries: list[dict[str, Any] | None] = [None] * len(jobs)
@@ -132,6 +134,20 @@ def run_jobs(jobs: Sequence[Job], data_dir: str | None, *, workers: int = 1,
         for i, summary in zip(to_run, done, strict=True):
             summaries[i] = summary
     return [s for s in summaries if s is not None]
+
+
+def one_experiment(jobs: Sequence[Job]) -> list[Job]:
+    """The jobs with run.experiment, where unset, the name of the folder holding them all:
+    the trackers (run.loggers) log a comparison's, sweep's or reproduction's runs as one
+    experiment."""
+    if not jobs:
+        return []
+    root = Path(os.path.commonpath([job.folder.resolve() for job in jobs]))
+    if len(jobs) == 1:
+        root = root.parent
+    return [replace(job, config=cfg.merge(job.config, {"run": {"experiment": root.name}}))
+            if job.config["run"]["loggers"] and not job.config["run"]["experiment"] else job
+            for job in jobs]
 
 
 def _run_job(job: Job, data_dir: str | None, federations: LatestFederation) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,16 +74,10 @@ def _run_report(folder: Path, truth: np.ndarray | None = None, source: str = "")
     summary, metrics = _records(folder, truth, source)
     clustering = summary["clustering"]
     known = clustering["true_assignment"] is not None
-    groups, what = plots.grouping(clustering)
+    _, what = plots.grouping(clustering)
     # null (NaN): a client not evaluated (a node that never replied, no test data).
     accuracy = np.asarray(summary["final"]["per_client_accuracy"], dtype=np.float64)
-    plots.accuracy_curves(metrics, folder / "accuracy.png")
-    plots.per_client_bars(accuracy, groups, folder / "per_client.png",
-                          f"{what} cluster")
-    if known:
-        plots.cluster_matrix(clustering["true_assignment"], clustering["assignment"],
-                             folder / "clusters.png")
-    else:
+    if "clusters" not in run_figures(summary, metrics, folder):
         (folder / "clusters.png").unlink(missing_ok=True)   # no stale figure of a truth
     lines = [
         f"# {summary['algorithm']}: {summary['rounds']} rounds, seed {summary['seed']}",
@@ -140,6 +134,24 @@ def federation_lines(config: Mapping[str, Any] | None,
                 f"{config.get('seed', '?')}.")
     return [what, "", ARI_MEANING if truth is not None else
             "ARI is n/a: the true clusters are unknown.", ""]
+
+
+def run_figures(summary: Mapping[str, Any], metrics: Sequence[Mapping[str, Any]], folder: Path
+                ) -> dict[str, Path]:
+    """A run report's figures drawn into `folder`, name -> PNG: accuracy per round, final
+    accuracy per client, and found against true clusters where the truth is known."""
+    clustering = summary["clustering"]
+    groups, what = plots.grouping(clustering)
+    paths = {"accuracy": folder / "accuracy.png", "per_client": folder / "per_client.png"}
+    plots.accuracy_curves(metrics, paths["accuracy"])
+    # null (NaN): a client not evaluated, marked so in the bars.
+    accuracy = np.asarray(summary["final"]["per_client_accuracy"], dtype=np.float64)
+    plots.per_client_bars(accuracy, groups, paths["per_client"], f"{what} cluster")
+    if clustering["true_assignment"] is not None:
+        paths["clusters"] = folder / "clusters.png"
+        plots.cluster_matrix(clustering["true_assignment"], clustering["assignment"],
+                             paths["clusters"])
+    return paths
 
 
 def _comparison_report(folder: Path, truth: np.ndarray | None = None, source: str = ""

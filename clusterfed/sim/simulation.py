@@ -25,7 +25,7 @@ from clusterfed.clustering.metrics import (
 )
 from clusterfed.data import Federation
 from clusterfed.errors import ConfigError
-from clusterfed.run_folder import RunFolder, read_config
+from clusterfed.run_folder import RunFolder, read_config, read_jsonl
 from clusterfed.sim.build import (  # noqa: F401 (the building helpers, imported from here too)
     InitialModels,
     build_federation_for,
@@ -47,6 +47,7 @@ from clusterfed.sim.protocols import (
 )
 from clusterfed.sim.sampling import sample_clients
 from clusterfed.tasks import ClientResult, ClientTask, TaskKind, match_results, numbered
+from clusterfed.trackers import RunTrackers, check_trackers
 
 log = logging.getLogger("clusterfed")
 
@@ -86,6 +87,9 @@ class Simulation:
                               f"(train.rounds={self.config['train']['rounds']}): the clients "
                               f"would never drift")
         self.folder = RunFolder(Path(out_dir)) if out_dir is not None else None
+        if self.config["run"]["loggers"]:
+            # Refused here, before a round: no run folder, or a tracker's extra missing.
+            check_trackers(self.config, self.folder and self.folder.path)
         self.callbacks = list(callbacks)
         # Protocol 'local' evaluates each client's own last trained model, kept here.
         self.own_models: dict[int, np.ndarray] | None = (
@@ -213,7 +217,6 @@ class Simulation:
             self.close()
 
     def _run(self, resume: bool) -> dict[str, Any]:
-        rounds = self.config["train"]["rounds"]
         state, start, elapsed, last_assignment = self.algorithm.init(self.setup), 0, 0.0, None
         if self.config["eval"]["protocol"] == "mixture" and \
                 self.algorithm.clusters(state).weights is None:
@@ -234,6 +237,20 @@ class Simulation:
         elif self.folder is not None:
             self.folder.start(self.config)
         self._hold_round(start)
+        trackers = RunTrackers.open(self.config, self.folder and self.folder.path, resume=resume)
+        try:
+            summary = self._loop(state, start, elapsed, last_assignment, trackers)
+        except BaseException:
+            if trackers is not None:
+                trackers.close(failed=True)
+            raise
+        if trackers is not None:
+            trackers.close()
+        return summary
+
+    def _loop(self, state: Any, start: int, elapsed: float, last_assignment: np.ndarray | None,
+              trackers: RunTrackers | None) -> dict[str, Any]:
+        rounds = self.config["train"]["rounds"]
         threads_before = torch.get_num_threads()
         if self.threads:
             torch.set_num_threads(self.threads)
@@ -277,6 +294,8 @@ class Simulation:
                             "wall_seconds": elapsed + time.perf_counter() - began,
                             "own_models": self.own_models or {},
                             "optimizer_states": self._optimizer_states()})
+                if trackers is not None:
+                    trackers.round(record, events)
                 if stop:
                     log.info("stopped by a callback after round %d", r + 1)
                     break
@@ -287,6 +306,8 @@ class Simulation:
         summary = self._summary(state, record, elapsed + time.perf_counter() - began)
         if self.folder is not None:
             self.folder.write_summary(summary)
+            if trackers is not None:
+                trackers.finished(summary, read_jsonl(self.folder.path / "metrics.jsonl"))
         return summary
 
     def _optimizer_states(self) -> dict[int, dict[str, np.ndarray]]:
