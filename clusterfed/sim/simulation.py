@@ -20,6 +20,7 @@ from clusterfed.clustering.metrics import (
     grouping_scores,
     has_truth,
     one_hot,
+    same_partition,
     shares_error,
     truth_scores,
 )
@@ -214,6 +215,9 @@ class Simulation:
     def _run(self, resume: bool) -> dict[str, Any]:
         rounds = self.config["train"]["rounds"]
         state, start, elapsed, last_assignment = self.algorithm.init(self.setup), 0, 0.0, None
+        # The round after which the clients' partition last changed; None after a resume until
+        # it changes again (the rounds before are in events.jsonl, not in memory).
+        self.settled_round: int | None = None
         if self.config["eval"]["protocol"] == "mixture" and \
                 self.algorithm.clusters(state).weights is None:
             # Refused before round 1, not at the first evaluation.
@@ -253,6 +257,9 @@ class Simulation:
                                       **{k: moved[k] for k in ("clients", "from", "to")}})
                 view = self.algorithm.clusters(state)
                 if last_assignment is None or not np.array_equal(view.assignment, last_assignment):
+                    if last_assignment is None or not same_partition(view.assignment,
+                                                                     last_assignment):
+                        self.settled_round = r + 1
                     events.append({"round": r + 1, "type": "assignment",
                                    "assignment": view.assignment.tolist()})
                     last_assignment = view.assignment.copy()
@@ -357,6 +364,7 @@ class Simulation:
             "clustering": {"assignment": view.assignment.tolist(),
                            "true_assignment": true.tolist() if has_truth(true) else None,
                            "n_clusters": view.num_clusters,
+                           "settled_round": self.settled_round,
                            **truth_scores(true, view.assignment),
                            **grouping_scores(self.federation.groupings, view.assignment),
                            **self._shares_score(state, view)},
