@@ -81,6 +81,15 @@ def test_settled_round_is_the_last_change_of_partition(tmp_path):
 
 
 @pytest.mark.shared_data
+def test_largest_label_group_fits_mnists_test_set(shared_data):
+    """55 clients on 2 labels: their test shares must fit the test images of those labels."""
+    config = bench.cell_config("mnist", "label_groups_k4_unequal_p10", 0, "ifca",
+                               [f"data.root={shared_data}"])
+    federation = build_federation_for(config)
+    assert np.bincount(federation.true_clusters).tolist() == bench.UNEQUAL[4]
+
+
+@pytest.mark.shared_data
 def test_realistic_federation_on_mnist(shared_data):
     """Unequal true clusters with a cluster of 3, log-normal client sizes, Dirichlet labels
     inside each rotation cluster."""

@@ -215,8 +215,8 @@ class Simulation:
     def _run(self, resume: bool) -> dict[str, Any]:
         rounds = self.config["train"]["rounds"]
         state, start, elapsed, last_assignment = self.algorithm.init(self.setup), 0, 0.0, None
-        # The round after which the clients' partition last changed; None after a resume until
-        # it changes again (the rounds before are in events.jsonl, not in memory).
+        # The round after which the clients' partition last changed (checkpointed: a resumed
+        # run reports what the uninterrupted one would).
         self.settled_round: int | None = None
         if self.config["eval"]["protocol"] == "mixture" and \
                 self.algorithm.clusters(state).weights is None:
@@ -229,6 +229,7 @@ class Simulation:
             if ckpt is not None:
                 state, start, elapsed = ckpt["state"], ckpt["round"], ckpt["wall_seconds"]
                 last_assignment = ckpt["assignment"]
+                self.settled_round = ckpt.get("settled_round")
                 if self.own_models is not None:
                     self.own_models = dict(ckpt["own_models"])
                 self._restore_optimizer_states(ckpt.get("optimizer_states", {}))
@@ -280,6 +281,7 @@ class Simulation:
                     if checkpoint_every and ((r + 1) % checkpoint_every == 0 or r + 1 == rounds):
                         self.folder.save_checkpoint({
                             "round": r + 1, "state": state, "assignment": last_assignment,
+                            "settled_round": self.settled_round,
                             "wall_seconds": elapsed + time.perf_counter() - began,
                             "own_models": self.own_models or {},
                             "optimizer_states": self._optimizer_states()})
