@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -229,7 +230,8 @@ class Simulation:
             if ckpt is not None:
                 state, start, elapsed = ckpt["state"], ckpt["round"], ckpt["wall_seconds"]
                 last_assignment = ckpt["assignment"]
-                self.settled_round = ckpt.get("settled_round")
+                self.settled_round = (ckpt["settled_round"] if "settled_round" in ckpt
+                                      else settled_from_events(self.folder.path, start))
                 if self.own_models is not None:
                     self.own_models = dict(ckpt["own_models"])
                 self._restore_optimizer_states(ckpt.get("optimizer_states", {}))
@@ -390,6 +392,24 @@ class Simulation:
         else:
             weights = one_hot(view.assignment, len(view.models))
         return {"shares_error": round(shares_error(np.asarray(shares), weights), 6)}
+
+
+def settled_from_events(folder: Path, rounds: int) -> int | None:
+    """The round after which the partition last changed, from a run folder's assignment
+    events up to `rounds` (a checkpoint written before `settled_round` was kept)."""
+    path = folder / "events.jsonl"
+    if not path.exists():
+        return None
+    settled, last = None, None
+    for line in path.read_text().splitlines():
+        event = json.loads(line)
+        if event.get("type") != "assignment" or event["round"] > rounds:
+            continue
+        found = np.asarray(event["assignment"])
+        if last is None or not same_partition(found, last):
+            settled = int(event["round"])
+        last = found
+    return settled
 
 
 def run_config(config: Mapping[str, Any], out_dir: str | Path | None = None, *,
