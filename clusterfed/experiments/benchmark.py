@@ -183,9 +183,9 @@ REALISTIC_CI = {"datasets": ("mnist",), "scenarios": ("rotation_k4_unequal_p30",
                 "methods": ("ifca", "pacfl"), "seeds": (0,)}
 # Which method claims which realistic cell (the tier's definition, held by --check): only
 # cells measured to hold (seed 0, 2026-12-07, docs/benchmark.md). rotation_k4_unequal_p30 is
-# claimed by none: PACFL merges the 5-client cluster (ARI 0.947), IFCA keeps one model.
+# claimed by none: PACFL merges the 5-client cluster (ARI 0.947), IFCA and FL+HC keep one.
 REALISTIC_CLAIMS: dict[tuple[str, str], frozenset[str]] = {
-    ("mnist", "iid_p30"): frozenset({"cfl", "flhc", "ifca", "pacfl"}),
+    ("mnist", "iid_p30"): frozenset({"cfl", "fesem", "flhc", "ifca", "pacfl"}),
 }
 TIERS = {"quick": QUICK, "full": FULL, "realistic": REALISTIC, "realistic-ci": REALISTIC_CI}
 
