@@ -8,7 +8,7 @@ PRESET ?= quickstart
 # a module goes to one worker whole, so its module fixtures run once.
 TEST_WORKERS ?= auto
 
-.PHONY: run test test-fast test-flower docs bench bench-quick benchmark reproduce reproduce-tests lint clean
+.PHONY: run test test-fast test-flower docs bench bench-quick bench-realistic-ci benchmark reproduce reproduce-tests lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,14 @@ bench: $(VENV)/.installed-test
 # The quick matrix (digits, minutes) exits 1 if a method misses a claim; CI runs it.
 bench-quick: $(VENV)/.installed
 	$(BIN)/clusterfed benchmark --quick --check --jobs 2 --out runs/benchmark-quick run.threads=1
+
+# The realistic tier's CI slice (docs/benchmark.md): MNIST from $$CLUSTERFED_SHARED_DATA, exits 1
+# on a missed claim; without the data it says so and skips.
+bench-realistic-ci: $(VENV)/.installed
+	@if [ -d "$$CLUSTERFED_SHARED_DATA/mnist/raw" ]; then \
+	  $(BIN)/clusterfed benchmark --tier realistic-ci --check --jobs 2 \
+	    --out runs/benchmark-realistic-ci --data-dir "$$CLUSTERFED_SHARED_DATA" run.threads=1; \
+	else echo "bench-realistic-ci skipped: CLUSTERFED_SHARED_DATA has no mnist/raw"; fi
 
 benchmark: $(VENV)/.installed
 	$(BIN)/clusterfed benchmark --out runs/benchmark run.threads=1

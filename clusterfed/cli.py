@@ -251,7 +251,12 @@ def _seeds(option: str | None, default: Sequence[int]) -> list[int]:
 @click.argument("overrides", nargs=-1)
 @click.option("--quick", is_flag=True, help="The quick matrix: digits, four scenarios (label "
               "swap, unequal rotations, label groups, iid), the clustered methods, 3 seeds "
-              "(minutes on 2 cores).")
+              "(minutes on 2 cores); the same as --tier quick.")
+@click.option("--tier", type=click.Choice(["quick", "full", "realistic", "realistic-ci"]),
+              help="The matrix (default full): quick (digits, minutes); full (the papers' "
+              "federations of 20 clients); realistic (100 clients, 10-30 % a round, unequal "
+              "clusters, label skew inside them, uneven sizes: days on 2 cores); "
+              "realistic-ci (its CI slice).")
 @click.option("--datasets", help="Comma-separated datasets (digits, mnist, fashion_mnist).")
 @click.option("--scenarios", help="Comma-separated scenarios (default: all, or the quick ones).")
 @click.option("--methods", help="Comma-separated algorithms (default: the clustered methods "
@@ -262,7 +267,7 @@ def _seeds(option: str | None, default: Sequence[int]) -> list[int]:
 @click.option("--data-dir", help="Data root (default $CLUSTERFED_DATA or the user cache).")
 @click.option("--check", is_flag=True, help="Exit 1 if a method misses a claim.")
 @JOBS
-def benchmark(overrides: tuple[str, ...], quick: bool, datasets: str | None,
+def benchmark(overrides: tuple[str, ...], quick: bool, tier: str | None, datasets: str | None,
               scenarios: str | None, methods: str | None, seeds: str | None, out: str | None,
               data_dir: str | None, check: bool, jobs: int) -> None:
     """Methods x scenarios x seeds with every method at its defaults: ARI, clusters, accuracy.
@@ -270,16 +275,20 @@ def benchmark(overrides: tuple[str, ...], quick: bool, datasets: str | None,
     OVERRIDES (key=value) apply to every cell, e.g. run.threads=1."""
     from clusterfed.experiments import benchmark as bench
 
-    matrix = bench.QUICK if quick else bench.FULL
-    folder = _out_dir(out or ("runs/benchmark-quick" if quick else "runs/benchmark"), "", "")
+    if quick and tier not in (None, "quick"):
+        raise ClusterfedError(f"--quick is --tier quick; it cannot go with --tier {tier}")
+    tier = "quick" if quick else tier
+    matrix = bench.TIERS[tier or "full"]
+    folder = _out_dir(out or (f"runs/benchmark-{tier}" if tier else "runs/benchmark"), "", "")
     seed_list = _seeds(seeds, matrix["seeds"])
     rows = bench.run_benchmark(
         folder, datasets=_names(datasets, matrix["datasets"]),
         scenarios=_names(scenarios, matrix["scenarios"]),
         methods=_names(methods, matrix["methods"]), seeds=seed_list, overrides=overrides,
         data_dir=data_dir, progress=lambda line: click.echo(line, err=True), jobs=jobs)
-    given = [("--quick", quick), ("--datasets", datasets), ("--scenarios", scenarios),
-             ("--methods", methods), ("--seeds", seeds)]
+    given = [("--quick", quick), ("--tier", None if quick else tier),
+             ("--datasets", datasets), ("--scenarios", scenarios), ("--methods", methods),
+             ("--seeds", seeds)]
     command = " ".join(["clusterfed benchmark", *overrides,
                         *(f"{flag} {value}" if value is not True else flag
                           for flag, value in given if value)])

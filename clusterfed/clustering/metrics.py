@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from clusterfed.clustering.precomputed import first_appearance_labels
+
 # A client's true cluster where none is known (a real federation, own data): every client -1.
 NO_TRUTH = -1
 
@@ -24,6 +26,12 @@ def contingency(true: np.ndarray, found: np.ndarray) -> tuple[np.ndarray, np.nda
     table = np.zeros((len(true_ids), len(found_ids)), dtype=np.int64)
     np.add.at(table, (t, f), 1)
     return table, true_ids, found_ids
+
+
+def same_partition(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two labelings split the points alike, whatever the labels' names."""
+    return len(a) == len(b) and bool(np.array_equal(first_appearance_labels(np.asarray(a)),
+                                                    first_appearance_labels(np.asarray(b))))
 
 
 def clustering_scores(true: np.ndarray, found: np.ndarray) -> dict[str, float]:

@@ -20,6 +20,10 @@ scenarios cover each kind of heterogeneity a clustered method may see:
 
 A method states which shifts it can see (`sees` on its class); it is held to mean ARI >=
 `ARI_BAR` over the seeds only there, and to one cluster on every seed of the iid control.
+
+The realistic tier (`REALISTIC`, issue 59) is the federations users have: 100 clients, a
+fraction a round, unequal clusters with label skew inside, uneven client sizes. There a method
+is held only to the cells `REALISTIC_CLAIMS` lists, those measured to hold.
 Results are appended to `results.jsonl` as each cell finishes, so a cut-off run resumes.
 """
 
@@ -29,7 +33,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +52,7 @@ from clusterfed.experiments.parallel import (
 )
 
 ARI_BAR = 0.95
+CLIENTS = 20
 SHIFTS = ("concept", "feature", "label")
 # Every registered method that claims to see a shift (its class's `sees`): a new clustered
 # method joins the benchmark by registering.
@@ -62,6 +67,8 @@ class BenchScenario:
     # cluster mid-run) | noise (label noise, no claim)
     shift: str
     section: Mapping[str, Any]     # the config's scenario section, less the client count
+    clients: int = CLIENTS
+    train: Mapping[str, Any] = field(default_factory=dict)   # over TRAIN (participation)
 
     @property
     def claimable(self) -> bool:
@@ -93,6 +100,57 @@ SCENARIOS: dict[str, BenchScenario] = {s.name: s for s in (
 )}
 
 
+# The realistic tier (issue 59): federations as users have them rather than as the papers
+# built them. 100 clients of log-normal sizes (sigma 1), 10 % or 30 % of them a round, K in
+# {2, 4, 8} true clusters of equal or unequal sizes (each unequal split has a cluster of 3-5
+# clients), Dirichlet(0.5) labels inside every concept and feature cluster (label-group
+# clusters are label skew themselves), and an iid control under the same sampling and sizes.
+REALISTIC_CLIENTS = 100
+REALISTIC_PARTICIPATION = (10, 30)      # per cent of the clients a round
+REALISTIC_K = (2, 4, 8)
+UNEQUAL = {2: [95, 5], 4: [55, 25, 15, 5], 8: [30, 20, 15, 10, 10, 7, 5, 3]}
+UNEVEN_SIZES = {"quantity_skew": {"sigma": 1.0, "min_samples": 20}}
+INSIDE = {"labels": {"kind": "dirichlet", "alpha": 0.5}}
+REALISTIC_SHIFTS = {"concept": {"kind": "label_permutation", **INSIDE},
+                    "feature": {"kind": "rotation", **INSIDE},
+                    "label": {"kind": "label_groups"}}
+# 50 rounds: at 10 % a client trains in about five of them.
+REALISTIC_ROUNDS = 50
+
+
+def realistic_name(kind: str, k: int | None, sizes: str | None, percent: int) -> str:
+    """e.g. rotation_k4_unequal_p10; iid_p30 for the control."""
+    middle = "" if k is None else f"_k{k}_{sizes}"
+    return f"{kind}{middle}_p{percent}"
+
+
+def _realistic_scenarios() -> list[BenchScenario]:
+    out = []
+    for percent in REALISTIC_PARTICIPATION:
+        train = {"participation": percent / 100, "rounds": REALISTIC_ROUNDS}
+        for shift, base in REALISTIC_SHIFTS.items():
+            for k in REALISTIC_K:
+                for sizes in ("equal", "unequal"):
+                    section = {**base, **UNEVEN_SIZES, "clusters": k}
+                    if sizes == "unequal":
+                        section["clients_per_cluster"] = UNEQUAL[k]
+                    if base["kind"] == "label_groups":
+                        # 55 clients on 2 labels at 50 test images each need more of a label
+                        # than MNIST's test set has (980 zeros).
+                        section["test_samples_per_client"] = 15
+                        if k == 8:
+                            section["overlap"] = 2     # 8 windows of 3 of the 10 labels
+                    out.append(BenchScenario(realistic_name(base["kind"], k, sizes, percent),
+                                             shift, section, REALISTIC_CLIENTS, train))
+        out.append(BenchScenario(realistic_name("iid", None, None, percent), "none",
+                                 {"kind": "iid", **UNEVEN_SIZES}, REALISTIC_CLIENTS, train))
+    return out
+
+
+REALISTIC_SCENARIOS = tuple(s.name for s in _realistic_scenarios())
+SCENARIOS.update({s.name: s for s in _realistic_scenarios()})
+
+
 @dataclass(frozen=True)
 class BenchDataset:
     name: str
@@ -112,12 +170,25 @@ DATASETS: dict[str, BenchDataset] = {d.name: d for d in (
 # one-shot methods to cluster and then train their clusters.
 TRAIN: dict[str, Any] = {"rounds": 40, "participation": 1.0, "local_epochs": 3,
                          "batch_size": 10, "lr": 0.05, "momentum": 0.5}
-CLIENTS = 20
 QUICK = {"datasets": ("digits",), "scenarios": ("label_swap", "rotation_unequal",
                                                 "label_groups", "iid"),
          "methods": CLUSTERED, "seeds": (0, 1, 2)}
-FULL = {"datasets": tuple(DATASETS), "scenarios": tuple(SCENARIOS),
+FULL = {"datasets": tuple(DATASETS),
+        "scenarios": tuple(n for n in SCENARIOS if n not in REALISTIC_SCENARIOS),
         "methods": CLUSTERED + REFERENCES, "seeds": (0, 1, 2)}
+REALISTIC = {"datasets": ("mnist", "fashion_mnist"), "scenarios": REALISTIC_SCENARIOS,
+             "methods": CLUSTERED, "seeds": (0, 1, 2)}
+# CI's slice of it (minutes on 2 cores, `make bench-realistic-ci`): MNIST, seed 0, the cells
+# of REALISTIC_CLAIMS and, unclaimed, the small-cluster miss the issue reports.
+REALISTIC_CI = {"datasets": ("mnist",), "scenarios": ("rotation_k4_unequal_p30", "iid_p30"),
+                "methods": ("ifca", "pacfl"), "seeds": (0,)}
+# Which method claims which realistic cell (the tier's definition, held by --check): only
+# cells measured to hold (seed 0, 2026-12-07, docs/benchmark.md). rotation_k4_unequal_p30 is
+# claimed by none: PACFL merges the 5-client cluster (ARI 0.947), IFCA and FL+HC keep one.
+REALISTIC_CLAIMS: dict[tuple[str, str], frozenset[str]] = {
+    ("mnist", "iid_p30"): frozenset({"cfl", "fesem", "flhc", "ifca", "pacfl"}),
+}
+TIERS = {"quick": QUICK, "full": FULL, "realistic": REALISTIC, "realistic-ci": REALISTIC_CI}
 
 
 def sees(method: str) -> frozenset[str]:
@@ -129,13 +200,14 @@ def cell_config(dataset: str, scenario: str, seed: int, method: str,
                 overrides: Sequence[str] = ()) -> dict[str, Any]:
     """The run config of one cell: the method with its defaults, nothing else set."""
     ds, sc = DATASETS[dataset], SCENARIOS[scenario]
-    section = {**sc.section, "clients": CLIENTS}
+    section = {**sc.section, "clients": sc.clients}
     if ds.samples_per_client is not None:
-        section["samples_per_client"] = ds.samples_per_client
-        section["test_samples_per_client"] = ds.test_samples_per_client
+        section.setdefault("samples_per_client", ds.samples_per_client)
+        section.setdefault("test_samples_per_client", ds.test_samples_per_client)
     raw = {"seed": seed, "data": dict(ds.data), "scenario": section,
-           "model": {"name": ds.model}, "train": dict(TRAIN), "algorithm": {"name": method},
-           "eval": {"every": TRAIN["rounds"]},
+           "model": {"name": ds.model}, "train": {**TRAIN, **sc.train},
+           "algorithm": {"name": method}, "eval": {"every": sc.train.get("rounds",
+                                                                         TRAIN["rounds"])},
            "run": {"progress": False, "checkpoint_every": 0}}
     return cfg.resolve(raw, overrides)
 
@@ -229,8 +301,11 @@ def _cell_row(cell: tuple[str, str, int, str], config: Mapping[str, Any],
     require_truth(federation.true_clusters, f"{dataset}/{scenario}/{seed}")
     start = time.perf_counter()
     summary = run_config(config, run_dir, federation=federation)
+    clustering = summary["clustering"]
     row = {"dataset": dataset, "scenario": scenario, "seed": seed, "method": method,
-           "ari": summary["clustering"]["ari"], "clusters": summary["clustering"]["n_clusters"],
+           "ari": clustering["ari"], "clusters": clustering["n_clusters"],
+           "true_k": len(np.unique(federation.true_clusters)),
+           "settled_round": clustering["settled_round"],
            "accuracy": summary["final"]["mean_accuracy"],
            "seconds": round(time.perf_counter() - start, 2)}
     second = summary["clustering"].get("groupings")
@@ -267,16 +342,25 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
 
 
-def verdict(method: str, scenario: str, aris: Sequence[float], clusters: Sequence[int]) -> str:
-    """'pass' / 'FAIL' where the method makes a claim, '' where it makes none."""
-    sc = SCENARIOS[scenario]
-    if not sees(method):
+def claims(method: str, scenario: str, dataset: str = "") -> bool:
+    """Whether the method claims the cell: in the quick and full tiers, every scenario of a
+    shift it `sees` and the iid control; in the realistic tier, the cells of
+    REALISTIC_CLAIMS only."""
+    if scenario in REALISTIC_SCENARIOS:
+        return method in REALISTIC_CLAIMS.get((dataset, scenario), ())
+    shift = SCENARIOS[scenario].shift
+    return bool(sees(method)) and (shift == "none" or shift in sees(method))
+
+
+def verdict(method: str, scenario: str, aris: Sequence[float], clusters: Sequence[int],
+            dataset: str = "") -> str:
+    """'pass' / 'FAIL' where the method makes a claim, '' where it makes none: one cluster on
+    every seed of an iid control, else mean ARI >= ARI_BAR."""
+    if not claims(method, scenario, dataset):
         return ""
-    if sc.shift == "none":
+    if SCENARIOS[scenario].shift == "none":
         return "pass" if all(int(c) == 1 for c in clusters) else "FAIL"
-    if sc.shift in sees(method):
-        return "pass" if float(np.mean(aris)) >= ARI_BAR else "FAIL"
-    return ""
+    return "pass" if float(np.mean(aris)) >= ARI_BAR else "FAIL"
 
 
 def summarise(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -289,11 +373,16 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         aris = [g["ari"] for g in group]
         clusters = [g["clusters"] for g in group]
         acc = [g["accuracy"] for g in group]
+        settled = [g["settled_round"] for g in group if g.get("settled_round") is not None]
+        k_error = [abs(g["clusters"] - g["true_k"]) for g in group if "true_k" in g]
         out.append({"dataset": dataset, "scenario": scenario, "method": method,
                     "seeds": sorted(g["seed"] for g in group),
                     "ari": _mean_std(aris), "clusters": _mean_std(clusters),
+                    "k_error": _mean_std(k_error) if k_error else None,
                     "accuracy": _mean_std(acc),
-                    "verdict": verdict(method, scenario, aris, clusters)})
+                    "settled_round": _mean_std(settled) if settled else None,
+                    "seconds": float(np.mean([g["seconds"] for g in group])),
+                    "verdict": verdict(method, scenario, aris, clusters, dataset)})
     order = {n: i for i, n in enumerate([*DATASETS, *SCENARIOS])}
     method_order = {n: i for i, n in enumerate([*CLUSTERED, *REFERENCES])}
     out.sort(key=lambda e: (order.get(e["dataset"], 99), order.get(e["scenario"], 99),
@@ -306,15 +395,23 @@ def _pm(pair: Sequence[float], digits: int) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
+def _maybe(pair: Sequence[float] | None, digits: int) -> str:
+    return "" if pair is None else _pm(pair, digits)
+
+
 def markdown(summary: Sequence[Mapping[str, Any]]) -> str:
-    """The table: a row per (dataset, scenario, method)."""
-    lines = ["| dataset | scenario | shift | method | ARI | clusters | accuracy | claim |",
-             "| --- | --- | --- | --- | ---: | ---: | ---: | --- |"]
+    """The table: a row per (dataset, scenario, method). |K error| is |clusters found - true
+    K|; settled: the round after which the partition last changed; seconds: mean per cell."""
+    lines = ["| dataset | scenario | shift | method | ARI | clusters | accuracy | claim | "
+             "\\|K error\\| | settled round | seconds |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
     for e in summary:
         shift = SCENARIOS[e["scenario"]].shift
         lines.append(f"| {e['dataset']} | {e['scenario']} | {shift} | {e['method']} | "
                      f"{_pm(e['ari'], 3)} | {_pm(e['clusters'], 1)} | "
-                     f"{_pm(e['accuracy'], 4)} | {e['verdict']} |")
+                     f"{_pm(e['accuracy'], 4)} | {e['verdict']} | "
+                     f"{_maybe(e.get('k_error'), 1)} | {_maybe(e.get('settled_round'), 1)} | "
+                     f"{e.get('seconds', math.nan):.0f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -20,6 +21,7 @@ from clusterfed.clustering.metrics import (
     grouping_scores,
     has_truth,
     one_hot,
+    same_partition,
     shares_error,
     truth_scores,
 )
@@ -218,6 +220,9 @@ class Simulation:
 
     def _run(self, resume: bool) -> dict[str, Any]:
         state, start, elapsed, last_assignment = self.algorithm.init(self.setup), 0, 0.0, None
+        # The round after which the clients' partition last changed (checkpointed: a resumed
+        # run reports what the uninterrupted one would).
+        self.settled_round: int | None = None
         if self.config["eval"]["protocol"] == "mixture" and \
                 self.algorithm.clusters(state).weights is None:
             # Refused before round 1, not at the first evaluation.
@@ -229,6 +234,8 @@ class Simulation:
             if ckpt is not None:
                 state, start, elapsed = ckpt["state"], ckpt["round"], ckpt["wall_seconds"]
                 last_assignment = ckpt["assignment"]
+                self.settled_round = (ckpt["settled_round"] if "settled_round" in ckpt
+                                      else settled_from_events(self.folder.path, start))
                 if self.own_models is not None:
                     self.own_models = dict(ckpt["own_models"])
                 self._restore_optimizer_states(ckpt.get("optimizer_states", {}))
@@ -271,6 +278,9 @@ class Simulation:
                                       **{k: moved[k] for k in ("clients", "from", "to")}})
                 view = self.algorithm.clusters(state)
                 if last_assignment is None or not np.array_equal(view.assignment, last_assignment):
+                    if last_assignment is None or not same_partition(view.assignment,
+                                                                     last_assignment):
+                        self.settled_round = r + 1
                     events.append({"round": r + 1, "type": "assignment",
                                    "assignment": view.assignment.tolist()})
                     last_assignment = view.assignment.copy()
@@ -291,6 +301,7 @@ class Simulation:
                     if checkpoint_every and ((r + 1) % checkpoint_every == 0 or r + 1 == rounds):
                         self.folder.save_checkpoint({
                             "round": r + 1, "state": state, "assignment": last_assignment,
+                            "settled_round": self.settled_round,
                             "wall_seconds": elapsed + time.perf_counter() - began,
                             "own_models": self.own_models or {},
                             "optimizer_states": self._optimizer_states()})
@@ -380,6 +391,7 @@ class Simulation:
             "clustering": {"assignment": view.assignment.tolist(),
                            "true_assignment": true.tolist() if has_truth(true) else None,
                            "n_clusters": view.num_clusters,
+                           "settled_round": self.settled_round,
                            **truth_scores(true, view.assignment),
                            **grouping_scores(self.federation.groupings, view.assignment),
                            **self._shares_score(state, view)},
@@ -403,6 +415,24 @@ class Simulation:
         else:
             weights = one_hot(view.assignment, len(view.models))
         return {"shares_error": round(shares_error(np.asarray(shares), weights), 6)}
+
+
+def settled_from_events(folder: Path, rounds: int) -> int | None:
+    """The round after which the partition last changed, from a run folder's assignment
+    events up to `rounds` (a checkpoint written before `settled_round` was kept)."""
+    path = folder / "events.jsonl"
+    if not path.exists():
+        return None
+    settled, last = None, None
+    for line in path.read_text().splitlines():
+        event = json.loads(line)
+        if event.get("type") != "assignment" or event["round"] > rounds:
+            continue
+        found = np.asarray(event["assignment"])
+        if last is None or not same_partition(found, last):
+            settled = int(event["round"])
+        last = found
+    return settled
 
 
 def run_config(config: Mapping[str, Any], out_dir: str | Path | None = None, *,
