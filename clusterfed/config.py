@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from importlib import resources
@@ -12,6 +13,21 @@ from typing import Any
 import yaml
 
 from clusterfed.errors import ConfigError
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML 1.1 (PyYAML's) reads `1e-3` or JSON's `1e-08`, with no dot, as a string; a config
+    reads them as numbers, as YAML 1.2 and JSON do."""
+
+
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def load_yaml(text: str) -> Any:
+    """YAML (or JSON) text as a config reads it: safe, with exponent numbers as floats."""
+    return yaml.load(text, Loader=_ConfigLoader)   # a SafeLoader: no arbitrary objects
 
 DEFAULTS: dict[str, Any] = {
     "seed": 0,
@@ -129,7 +145,7 @@ def preset_names() -> list[str]:
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        loaded = yaml.safe_load(path.read_text())
+        loaded = load_yaml(path.read_text())
     except yaml.YAMLError as err:
         raise ConfigError(f"{path} is not valid YAML: {yaml_problem(err)}") from None
     if not isinstance(loaded, dict):
@@ -227,7 +243,7 @@ def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form key=value")
         try:
-            value = yaml.safe_load(raw) if raw else None
+            value = load_yaml(raw) if raw else None
         except yaml.YAMLError as err:
             raise ConfigError(f"override {item!r}: cannot parse the value "
                               f"({yaml_problem(err)})") from None

@@ -144,3 +144,12 @@ def test_sweep_keys_reach_any_depth_as_overrides_do():
     assert patched["train"]["lr"] == 0.2
     with pytest.raises(ConfigError, match=r"sweep key 'scenario\.\.alpha' must be a config key"):
         patch_of({"scenario..alpha": 1})
+
+
+def test_exponent_numbers_are_numbers_in_overrides_files_and_json():
+    # PyYAML's YAML 1.1 reads 1e-3 (no dot) as a string; JSON and YAML 1.2 read a number.
+    resolved = cfg.resolve("quickstart", ["train.lr=1e-3", "train.adam_eps=1E-08"])
+    assert resolved["train"]["lr"] == 1e-3 and resolved["train"]["adam_eps"] == 1e-8
+    assert cfg.load_yaml('{"train": {"lr": 1e-08}, "name": "1e-3x"}') == {
+        "train": {"lr": 1e-8}, "name": "1e-3x"}
+    assert cfg.load_yaml("a: 10\nb: .5e1\nc: '1e-3'") == {"a": 10, "b": 5.0, "c": "1e-3"}

@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
@@ -34,7 +33,7 @@ def experiment_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
     """The clusterfed config a run config names: `config` (YAML or JSON text of a config), else
     `preset`, each with the space-separated `overrides` (key=value) applied."""
     text = str(run_config.get("config", "") or "")
-    source: str | dict[str, Any] = (yaml.safe_load(text) if text.strip()
+    source: str | dict[str, Any] = (cfg.load_yaml(text) if text.strip()
                                     else str(run_config.get("preset", "quickstart")))
     overrides = str(run_config.get("overrides", "") or "").split()
     return cfg.resolve(source, overrides)
