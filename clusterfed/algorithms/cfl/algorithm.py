@@ -26,7 +26,11 @@ and a bipartition is kept only if the gamma estimated from the similarities them
 (`cfl_math.estimated_gamma`, Eq. 38 read backwards) is below `gamma_ratio` of Eq. 39's bound,
 on the similarity averaged over `similarity_memory` rounds: noise in one round's updates does
 not persist, a cluster structure does. `acceptance="fixed"` is the paper's test (the paper
-presets use it).
+presets use it). Once a bipartition is kept, each side is tested again in the same round on
+the similarities centred on it (`split_into="groups"`, the default with "estimated"), so a
+federation of several clusters splits in one round instead of one split per settled cluster,
+which under partial participation may take longer than the run; `split_into="two"` is the
+paper's.
 
 What it can see: incongruent distributions, which no one model fits together, so that the
 clients' updates still point apart at the joint model's stationary point: concept shift
