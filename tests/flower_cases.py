@@ -19,7 +19,7 @@ FLOWER_ALGORITHMS: list[dict[str, Any]] = [
      "threshold": 2},
     {"name": "pacfl", "n_clusters": 2},
     {"name": "lcfl", "k": 2, "warmup_rounds": 1},
-    {"name": "ifca", "k": 2, "restarts": 1},
+    {"name": "ifca", "k": 2, "restarts": 1, "initialisation": "random"},
     {"name": "fesem", "k": 2, "select_round": 1},
     {"name": "flexcfl", "k": 2, "warmup_rounds": 0},
     # Per-sample losses with labels up, sample-weighted training down: the soft methods' door.

@@ -9,8 +9,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from helpers import comparable, tiny_config
+from sklearn.metrics import adjusted_rand_score
 
 from clusterfed.algorithms import RoundContext, Setup, build_algorithm
+from clusterfed.algorithms.cfl import maths as cfl_math
 from clusterfed.algorithms.cfl.algorithm import (
     CFLState,
     Node,
@@ -82,6 +84,51 @@ def test_split_of_opposed_groups_by_hand():
                             "mode": "alg3"})
     restarted = alg3.update(state, ctx, [result(c, u) for c, u in enumerate(ups)]).state
     np.testing.assert_array_equal(restarted.models, np.zeros((2, 2)))
+
+
+def four_directions(seed: int = 0, per_group: int = 3) -> list[list[float]]:
+    """Updates of 4 groups at the joint stationary point: +-e1, +-e2 plus a little noise."""
+    rng = np.random.default_rng(seed)
+    axes = np.array([[1, 0, 0, 0], [-1, 0, 0, 0], [0, 1, 0, 0], [0, -1, 0, 0]], float)
+    return [(axes[g] + 0.05 * rng.standard_normal(4)).tolist()
+            for g in range(4) for _ in range(per_group)]
+
+
+def test_split_into_groups_finds_every_group_in_the_round_of_the_first_split():
+    """Four groups whose updates point along +-e1, +-e2: split_into "groups" tests each side of
+    the first bipartition again on its centred similarities and ends with the 4 groups in one
+    round; split_into "two" (the paper) stops at one bipartition; one group (noise around
+    one direction) never splits."""
+    setup = Setup(12, np.zeros(4, np.float32), np.full(12, 10), 0)
+    ctx = RoundContext(0, np.arange(12), SPEC)
+    options = {"name": "cfl", "rho": None, "similarity_memory": 1, "split_into": "groups"}
+    truth = np.repeat(np.arange(4), 3)
+    for seed in range(3):
+        results = [result(c, u) for c, u in enumerate(four_directions(seed))]
+        algo = build_algorithm(options)
+        upd = algo.update(algo.init(setup), ctx, results)
+        found = algo.clusters(upd.state).assignment
+        assert len(upd.state.leaves) == 4
+        assert adjusted_rand_score(truth, found) == 1.0
+        assert sum(e["type"] == "split" for e in upd.events) == 3
+        paper = build_algorithm({**options, "split_into": "two"})
+        assert len(paper.update(paper.init(setup), ctx, results).state.leaves) == 2
+        rng = np.random.default_rng(seed)
+        one = [result(c, [1.0, 0, 0, 0] + 0.3 * rng.standard_normal(4)) for c in range(12)]
+        assert len(algo.update(algo.init(setup), ctx, one).state.leaves) == 1
+    with pytest.raises(ConfigError, match="split_into"):
+        build_algorithm({"name": "cfl", "acceptance": "fixed", "split_into": "groups"})
+    assert build_algorithm({"name": "cfl", "acceptance": "fixed"}).split_into == "two"
+    assert build_algorithm({"name": "cfl"}).split_into == "two"   # the paper's, by default
+
+
+def test_centred_similarity_is_the_cosine_of_the_directions_minus_their_mean():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, 7))
+    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+    centred = unit - unit.mean(axis=0)
+    want = centred @ centred.T / np.outer(*[np.linalg.norm(centred, axis=1)] * 2)
+    np.testing.assert_allclose(cfl_math.centred_similarity(unit @ unit.T), want, atol=1e-12)
 
 
 def test_no_split_when_criteria_or_gamma_test_fail():
@@ -428,8 +475,9 @@ def test_every_round_logs_norms_alpha_gamma_bound_and_the_true_separation_gap(to
             assert info["gamma_bound"] == pytest.approx(
                 np.sqrt((1 - info["alpha_cross_max"]) / 2))
         assert set(m["separation_gap"]) == set(m["cfl"])
-    # At a split round the logged gap is g(alpha) of the split's own similarity matrix.
-    for e in splits(out):
+    # At a split round the logged gap is g(alpha) of the split's own similarity matrix (a
+    # side retested within that split, split_into "groups", is tested on centred similarities).
+    for e in (e for e in splits(out) if "within_split_of" not in e):
         gap = separation_gap(np.array(e["similarity"]), true[e["members"]])
         assert metrics[e["round"] - 1]["separation_gap"][str(e["node"])] == pytest.approx(
             gap, abs=1e-4)

@@ -39,7 +39,7 @@ from clusterfed.run_folder import read_jsonl  # noqa: E402
 from clusterfed.sim.simulation import Simulation, run_config  # noqa: E402
 
 CFL = {"name": "cfl", "acceptance": "fixed", "eps1": 0.6, "eps2": 0.1}
-IFCA = {"name": "ifca", "k": 2, "restarts": 1}
+IFCA = {"name": "ifca", "k": 2, "restarts": 1, "initialisation": "random"}
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ CASES = [
     ("cluster", {"name": "fedavg_ft"}, {}),                  # test-time adaptation
     ("local", {"name": "fedavg"}, {"also_cluster": True}),
     ("sampled_local", {"name": "fedavg"}, {}),
-    ("min_test_loss", {"name": "ifca", "k": 2}, {}),
+    ("min_test_loss", {"name": "ifca", "k": 2, "initialisation": "random"}, {}),
     ("best_of_path", {"name": "cfl", "acceptance": "fixed", "eps1": 0.6, "eps2": 0.1},
      {"validation_fraction": 0.2}),
     ("mixture", {"name": "fedem", "components": 2}, {}),     # mixture weights on the wire

@@ -147,14 +147,15 @@ def test_clients_never_sampled_are_served_the_most_chosen_cluster():
 
 
 def test_random_initialisation_draws_distinct_models_by_the_model_init():
-    sim = Simulation(merge(tiny_config("ifca"), {"algorithm": {"name": "ifca", "k": 3}}))
+    sim = Simulation(merge(tiny_config("ifca"), {"algorithm": {"name": "ifca", "k": 3,
+                                                               "initialisation": "random"}}))
     models = sim.algorithm.init(sim.setup).models[0]
     np.testing.assert_array_equal(models[0], sim.setup.initial_params)
     assert not np.allclose(models[1], models[0]) and not np.allclose(models[2], models[1])
     # Same spread as the model's own init (PyTorch's default), not a perturbation of model 0.
     assert np.std(models[1]) == pytest.approx(np.std(models[0]), rel=0.2)
     with pytest.raises(ValueError, match="draw initialisations"):
-        IFCA(k=2).init(setup(2))
+        IFCA(k=2, initialisation="random").init(setup(2))
 
 
 @pytest.mark.parametrize("options", [{"k": 0}, {"initialisation": "zeros"},
@@ -233,7 +234,7 @@ def test_k_from_the_data_clusters_the_updates_of_one_model_and_starts_each_clust
     the updates (Ward, silhouette): two opposite groups give k = 2, each model the global
     model plus its group's mean update, and each client's choice is its group."""
     algo = IFCA(select_round=1)
-    assert algo.sets == 1 and IFCA(k=2).sets == 3
+    assert algo.sets == 1 and IFCA(k=2, initialisation="random").sets == 3
     state = algo.init(setup(6))
     assert state.models.shape == (1, 1, 2) and not state.selected
     warm = algo.plan(state, ctx(0, [0, 3]))
@@ -306,12 +307,40 @@ class KeepingExecutor:
         return getattr(self.inner, name)
 
 
+def test_k_given_starts_from_k_clusters_of_the_updates_of_one_model():
+    """k given (default initialisation "updates"): one model until select_round, then every
+    client's update cut into exactly k clusters, even where the silhouette would take fewer
+    (two of the three directions lie close): each model the global model plus its cluster's
+    mean update; k distinct directions and tied updates leave no model missing."""
+    algo = IFCA(k=3, select_round=1)
+    assert algo.sets == 1 and algo.initialisation == "updates"
+    state = algo.init(setup(6))
+    assert state.models.shape == (1, 1, 2) and not state.selected
+    state = algo.update(state, ctx(0, [0]), [train_result(0, 0, [0.0, 0.0], 10)]).state
+    ups = [[1.0, 0.0], [1.0, 0.02], [0.8, 0.6], [0.8, 0.62], [-1.0, 0.0], [-1.0, 0.02]]
+    upd = algo.update(state, ctx(1, [2]), [train_result(c, 0, u, 10) for c, u in enumerate(ups)])
+    new = upd.state
+    assert new.selected and new.models.shape == (1, 3, 2)
+    np.testing.assert_array_equal(new.choice[0], [0, 0, 1, 1, 2, 2])
+    np.testing.assert_allclose(new.models[0], [[1.0, 0.01], [0.8, 0.61], [-1.0, 0.01]],
+                               atol=1e-6)
+    assert upd.events[0]["type"] == "ifca_k_selected" and upd.events[0]["k"] == 3
+    tied = algo.update(state, ctx(1, [2]), [train_result(c, 0, [1.0, 0.0], 10)
+                                            for c in range(6)]).state
+    assert tied.models.shape == (1, 3, 2)
+    np.testing.assert_allclose(tied.models[0], [[1.0, 0.0]] * 3)
+    with pytest.raises(ValueError, match="no restarts"):
+        IFCA(k=3, restarts=2)
+    assert IFCA(k=3, initialisation="random").sets == 3
+
+
 @pytest.mark.parametrize("seed", [3, 4])
 def test_the_local_protocol_keeps_the_model_of_the_served_restart_set(seed):
     # With restarts every client trains one model per set: its own model is the served set's.
     config = tiny_config("ifca", seed=seed, eval={"protocol": "local"},
                          train={"rounds": 1, "participation": 1.0})
-    config["algorithm"].update({"k": 2, "restarts": 2, "restart_rounds": 3})
+    config["algorithm"].update({"k": 2, "restarts": 2, "restart_rounds": 3,
+                                "initialisation": "random"})
     sim = Simulation(config)
     sim.executor = KeepingExecutor(sim.executor)
     sim.run()

@@ -250,7 +250,8 @@ def record_kinds(executor: ProcessExecutor, seen: set[str]) -> None:
            {"algorithm": {"name": "lcfl", "k": 2, "warmup_rounds": 2,
                           "loss_data": "train+test", "loss_samples": 12}}),
      {"train", "losses", "evaluate"}),
-    (merge(tiny_config("ifca", train={"rounds": 2}), {"algorithm": {"name": "ifca", "k": 2}}),
+    (merge(tiny_config("ifca", train={"rounds": 2}),
+           {"algorithm": {"name": "ifca", "k": 2, "initialisation": "random"}}),
      {"train", "losses", "evaluate"}),
 ], ids=["fedavg", "cfl", "lcfl", "ifca"])
 def test_a_run_in_worker_processes_equals_the_sequential_run(config, kinds):

@@ -38,7 +38,7 @@ CLUSTERING_NOW = {
                   "gamma_max": 0.0},
     "flhc_k4": {"name": "flhc", "rounds_before_clustering": 1, "threshold_mode": "clusters",
                 "threshold": 4},
-    "ifca_k2": {"name": "ifca", "k": 2},
+    "ifca_k2": {"name": "ifca", "k": 2, "initialisation": "random"},
     "lcfl_k4": {"name": "lcfl", "warmup_rounds": 1, "k": 4},
     "pacfl_k4": {"name": "pacfl", "n_clusters": 4},
 }

@@ -30,10 +30,13 @@ class UpdateClusters:
 
 
 def clusters_of_updates(base: np.ndarray, updates: np.ndarray, weights: np.ndarray,
-                        min_silhouette: float) -> UpdateClusters:
-    """Cluster the clients' updates (m x d) of the one model `base` by the silhouette rule;
-    each cluster's model is `base` plus the `weights`-weighted mean of its members' updates."""
-    tree = hc.hierarchical_clusters(updates, "cosine", "average", min_silhouette, "silhouette")
+                        min_silhouette: float, n_clusters: int | None = None) -> UpdateClusters:
+    """Cluster the clients' updates (m x d) of the one model `base` by the silhouette rule, or
+    into at most `n_clusters` when given; each cluster's model is `base` plus the
+    `weights`-weighted mean of its members' updates."""
+    tree = (hc.hierarchical_clusters(updates, "cosine", "average", n_clusters, "clusters")
+            if n_clusters is not None else
+            hc.hierarchical_clusters(updates, "cosine", "average", min_silhouette, "silhouette"))
     models = cluster_fedavg(np.repeat(np.asarray(base, np.float32)[None], tree.num_clusters,
                                       axis=0), updates, tree.labels, weights)
     return UpdateClusters(tree.labels, models, tree.linkage)

@@ -26,7 +26,11 @@ and a bipartition is kept only if the gamma estimated from the similarities them
 (`cfl_math.estimated_gamma`, Eq. 38 read backwards) is below `gamma_ratio` of Eq. 39's bound,
 on the similarity averaged over `similarity_memory` rounds: noise in one round's updates does
 not persist, a cluster structure does. `acceptance="fixed"` is the paper's test (the paper
-presets use it).
+presets use it). Once a bipartition is kept, each side is tested again in the same round on
+the similarities centred on it (`split_into="groups"`, an option with "estimated"), so a
+federation of several clusters splits in one round instead of one split per settled cluster,
+which under partial participation may take longer than the run; `split_into="two"`, the
+paper's, is the default until "groups" is measured beyond one seed (docs/benchmark.md).
 
 What it can see: incongruent distributions, which no one model fits together, so that the
 clients' updates still point apart at the joint model's stationary point: concept shift
@@ -66,6 +70,10 @@ from clusterfed.clustering.similarity import (
 from clusterfed.state import serialisable
 
 NOT_JOINED = -1
+# split_into "groups" tests a side again only from this size: centring m directions pulls
+# their cosines down by about 1/(m-1), which on a few clients shows pairs that are not there
+# (MNIST label swap at 30 % participation split a side of 4 into 2 + 2).
+MIN_CENTRED_SIDE = 6
 
 
 @serialisable
@@ -143,6 +151,13 @@ class CFL:
     warmup_rounds: int = 0              # no split before this round (0-based)
     min_rounds_between_splits: int = 0  # per cluster, since the split that created it
     min_split_size: int = 2             # clusters smaller than this never split (A8)
+    # "groups" (default): an accepted bipartition's sides are tested again at once, on the
+    # same similarities centred on each side (`cfl_math.centred_similarity`), and split while
+    # the test holds, so the clusters come in one round; "two": one bipartition, each child
+    # tested only after it settles (the paper's Algorithm 5; the default and the paper
+    # presets'). "groups" needs acceptance "estimated" (a fixed gamma_max would accept a split
+    # of the centred noise of one distribution).
+    split_into: str = "two"
     min_child_size: int = 1             # reject bipartitions with a smaller side
     patience: int = 1                   # rounds in a row the norm criteria must hold (A4)
     similarity_from: str = "updates"    # or "gradients": full-batch gradients (Figs. 5, 6)
@@ -161,7 +176,7 @@ class CFL:
     own_newcomers: ClassVar[bool] = True   # Alg. 4: the `newcomers` section sets its own
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
         "bipartition": ("optimal", "complete"), "mode": ("alg5", "alg3"),
-        "acceptance": ("estimated", "fixed"),
+        "acceptance": ("estimated", "fixed"), "split_into": ("groups", "two"),
         "similarity_from": ("updates", "gradients"), "split_on": ("fresh", "latest")}
     newcomer_set: frozenset[int] = field(init=False, repr=False, default=frozenset())
 
@@ -171,6 +186,9 @@ class CFL:
                                "fresh" if self.similarity_from == "gradients" else "latest")
         check_choices(self, self._kinds)
         aggregation_weights(np.ones(1), self.weighting)
+        if self.split_into == "groups" and self.acceptance != "estimated":
+            raise ValueError("split_into='groups' tests the sides on their estimated noise: "
+                             "use acceptance='estimated', or split_into='two'")
         if (self.eps1 is None) != (self.eps2 is None):
             raise ValueError("give both eps1 and eps2 (absolute rule) or neither")
         if not 0.0 <= self.gamma_max < 1.0:
@@ -356,10 +374,41 @@ class CFL:
                 state = split_leaf(state, leaf, split, split_updates, split_weights, rnd,
                                    restart=self.mode == "alg3")
                 event["children"] = list(state.nodes[leaf].children)
+                if self.split_into == "groups":
+                    state, more = self._split_children(state, leaf, tested, split,
+                                                       split_updates, split_weights, rnd)
+                    events += more
                 return state, info, events, diagnostics
         models = state.models.copy()
         models[k] = models[k] + mean_update
         return replace(state, models=models), info, events, diagnostics
+
+    def _split_children(self, state: CFLState, node: int, similarity: np.ndarray,
+                        parts: tuple[np.ndarray, np.ndarray], updates: np.ndarray,
+                        weights: np.ndarray, rnd: int) -> tuple[CFLState, list[dict[str, Any]]]:
+        """split_into "groups": test each side of an accepted split on its members' centred
+        similarities and split it too where the test holds, down to sides that hold."""
+        events: list[dict[str, Any]] = []
+        for child, part in zip(state.nodes[node].children, parts, strict=True):
+            part = np.sort(part)   # the child's members, in order
+            if len(part) < max(self.min_split_size, 2 * self.min_child_size, MIN_CENTRED_SIDE):
+                continue
+            centred = cfl_math.centred_similarity(similarity[np.ix_(part, part)])
+            # Each member's update as seen from the child's model (the child's mean removed).
+            own = updates[part] - weighted_mean(updates[part], weights[part])[None]
+            split, event = self._try_split(centred, self._bipartition(centred),
+                                           state.nodes[child].members)
+            event.update({"type": "split" if split else "split_rejected", "node": child,
+                          "within_split_of": node})
+            events.append(event)
+            if split is not None:
+                state = split_leaf(state, child, split, own, weights[part], rnd,
+                                   restart=self.mode == "alg3")
+                event["children"] = list(state.nodes[child].children)
+                state, more = self._split_children(state, child, centred, split, own,
+                                                   weights[part], rnd)
+                events += more
+        return state, events
 
     def _remember_similarity(self, state: CFLState, leaf: int, similarity: np.ndarray
                              ) -> tuple[CFLState, np.ndarray, bool]:

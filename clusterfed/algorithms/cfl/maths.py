@@ -377,6 +377,24 @@ def split_is_separated(similarity: np.ndarray, part_a: np.ndarray, part_b: np.nd
     return bool(estimated_gamma(similarity, part_a, part_b) < ratio * bound)
 
 
+def centred_similarity(similarity: np.ndarray) -> np.ndarray:
+    """Cosine similarities of the clients' unit update directions after removing their mean.
+
+    A cosine matrix is the Gram matrix of unit vectors; centring it (H S H, H = I - 11^T / m)
+    and renormalising gives the cosines of those directions minus their mean: the clients of
+    a child cluster as seen from its own stationary point (there the members' gradients sum to
+    zero), to first order, without training it there first. A client at the mean gets 0."""
+    s = np.asarray(similarity, dtype=np.float64)
+    m = len(s)
+    h = np.eye(m) - np.full((m, m), 1.0 / m)
+    centred = h @ s @ h
+    scale = np.sqrt(np.clip(np.diag(centred), 0.0, None))
+    scale[scale < 1e-12] = np.inf
+    out = centred / scale[:, None] / scale[None, :]
+    np.fill_diagonal(out, 1.0)
+    return np.clip(out, -1.0, 1.0)
+
+
 def noise_coupling(gamma_i: np.ndarray | float, gamma_j: np.ndarray | float) -> np.ndarray:
     """H_ij = -gamma_i gamma_j + sqrt(1 - gamma_i^2) sqrt(1 - gamma_j^2) (Eq. 20), gamma in [0, 1].
 

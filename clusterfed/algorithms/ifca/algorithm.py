@@ -42,6 +42,13 @@ This start is the authors' trained initialisation with groups found in the data 
 drawn at random, which also spares IFCA the random starts that, with k given, make restarts
 necessary.
 
+With k given, the k models start the same way by default (`initialisation: updates`, an
+extension): one model for `select_round` rounds, then every client's update, cut into k
+clusters by the same average linkage on cosine distances. Random starts (`random`, the
+paper's, with 3 restarts unless `restarts` says otherwise) often merge two clusters, and a
+model nobody chooses never trains again (rotated MNIST, docs/benchmark.md "Realistic
+federations: method fixes"); the paper presets name `initialisation: random`.
+
 What it can see: any shift that makes one model's training loss differ between clients:
 concept, feature and label shift (with k from the data; with k given and random starts it
 often merges label-swap clusters, see above).
@@ -165,11 +172,13 @@ class IFCA:
     aggregate: str = "models"           # option II; "gradients": option I
     gradient_scale: str = "participants"  # option I: gamma / m over participants, or "cluster"
     weighting: str = "samples"          # w_i: local sample counts, or "uniform" (the paper's)
-    # "random" | "perturbed" | "identical" (the bug); not `init`, which is the method
-    initialisation: str = "random"
+    # "updates" (k given: k clusters of one round of updates after select_round rounds of one
+    # model) | "random" (the paper's) | "perturbed" | "identical" (the bug); not `init`, which
+    # is the method. k from the data always starts from updates.
+    initialisation: str = "updates"
     init_noise: float = 0.01            # perturbed: std as a fraction of the model's RMS
     restarts: int | None = None         # R sets of k models tried side by side; None: 3
-                                        # with k given, 1 with k from the data
+                                        # for random starts, 1 for starts from updates
     restart_rounds: int = 3             # ... for this many rounds (after any warm-up), then
                                         # the set with the lowest loss is kept
     warmup_rounds: int = 0              # rounds of training k random groups (authors' FEMNIST)
@@ -181,7 +190,7 @@ class IFCA:
     toy_mixture_options: ClassVar[dict[str, Any] | None] = {"rounds": 14}
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
         "aggregate": ("models", "gradients"), "gradient_scale": ("participants", "cluster"),
-        "initialisation": ("random", "perturbed", "identical")}
+        "initialisation": ("updates", "random", "perturbed", "identical")}
 
     def __post_init__(self) -> None:
         check_choices(self, self._kinds)
@@ -193,10 +202,12 @@ class IFCA:
             raise ValueError(f"restarts must be a positive integer, got {self.restarts!r}")
         if self.sets > 1 and self.restart_rounds < 1:
             raise ValueError("restart_rounds must be at least 1 when restarts > 1")
-        if self.k is None and (self.sets > 1 or self.warmup_rounds):
-            raise ValueError("with k chosen from the data (k: null), IFCA starts from the "
-                             "clusters it finds: give k for restarts or warmup_rounds")
-        if self.k is None and (not isinstance(self.select_round, int) or self.select_round < 0):
+        if self.from_updates and (self.sets > 1 or self.warmup_rounds):
+            raise ValueError("IFCA starting from clusters of updates (k: null, or initialisation:"
+                             " updates) takes no restarts or warmup_rounds: give k with "
+                             "initialisation: random for those")
+        if self.from_updates and (not isinstance(self.select_round, int)
+                                  or self.select_round < 0):
             raise ValueError(f"select_round must be an integer >= 0, got {self.select_round!r}")
         if not isinstance(self.warmup_rounds, int) or self.warmup_rounds < 0:
             raise ValueError(f"warmup_rounds must be an integer >= 0, got {self.warmup_rounds!r}")
@@ -204,21 +215,27 @@ class IFCA:
             raise ValueError(f"init_noise must be >= 0, got {self.init_noise!r}")
 
     @property
+    def from_updates(self) -> bool:
+        """Whether the k models start from clusters of one round of updates of one model."""
+        return self.k is None or self.initialisation == "updates"
+
+    @property
     def sets(self) -> int:
-        """R: candidate sets (restarts); by default 3 for a given k, 1 for k from the data."""
+        """R: candidate sets (restarts); by default 3 for random starts, else 1."""
         if self.restarts is not None:
             return self.restarts
-        return 3 if self.k is not None else 1
+        return 1 if self.from_updates else 3
 
     @property
     def _warm_rounds(self) -> int:
         """Rounds in which clients train their group's model without choosing."""
-        return self.warmup_rounds if self.k is not None else self.select_round
+        return self.select_round if self.from_updates else self.warmup_rounds
 
     def init(self, setup: Setup) -> IFCAState:
-        r, n, k = self.sets, setup.num_clients, self.k or 1
-        # k from the data starts from the one initial model; its clusters start from updates.
-        models = (setup.initial_params[None].astype(np.float32) if self.k is None else
+        r, n = self.sets, setup.num_clients
+        k = 1 if self.from_updates else int(self.k or 1)
+        # Starts from updates begin with the one initial model; the clusters come later.
+        models = (setup.initial_params[None].astype(np.float32) if self.from_updates else
                   initial_models(setup, r * k, self.initialisation, self.init_noise))
         groups = np.stack([random_groups(n, k, np.random.default_rng(
             [setup.seed, i, _GROUP_TAG])) for i in range(r)])
@@ -226,7 +243,7 @@ class IFCA:
                          choice=np.full((r, n), NEVER, dtype=np.int64),
                          chosen_round=np.full(n, NEVER, dtype=np.int64),
                          objective=np.full(r, np.nan), groups=groups,
-                         selected=self.k is not None)
+                         selected=not self.from_updates)
 
     def plan(self, state: IFCAState, ctx: RoundContext) -> list[ClientTask]:
         if ctx.step == 0 and ctx.round < self._warm_rounds:
@@ -326,16 +343,21 @@ class IFCA:
 
     def _select(self, state: IFCAState, ctx: RoundContext, results: Sequence[ClientResult]
                 ) -> Update:
-        """k from the data: cluster every client's update of the one model (FL+HC's rule);
-        each cluster's model starts at the global model plus its members' mean update."""
+        """Cluster every client's update of the one model (FL+HC's rule, or into k when k is
+        given); each cluster's model starts at the global model plus its members' mean update."""
         results = sorted(results, key=lambda x: x.client)
         if not results:
             return Update(state)
         clients = np.array([x.client for x in results], dtype=np.int64)
         weights = aggregation_weights(np.array([x.num_samples for x in results]), self.weighting)
         found = clusters_of_updates(state.models[0, 0], np.stack([x.update for x in results]),
-                                    weights, self.min_silhouette)
+                                    weights, self.min_silhouette, self.k)
         labels, models = found.labels, found.models
+        if self.k is not None and len(models) < self.k:
+            # Fewer distinct directions than k (tied updates): the rest start from FedAvg's.
+            mean = cluster_fedavg(state.models[0, :1], np.stack([x.update for x in results]),
+                                  np.zeros(len(results), dtype=np.int64), weights)
+            models = np.concatenate([models, np.repeat(mean, self.k - len(models), axis=0)])
         n = state.choice.shape[1]
         choice = np.full((1, n), NEVER, dtype=np.int64)
         choice[0, clients] = labels
