@@ -216,7 +216,7 @@ def test_ifca_newcomers_join_their_true_cluster_by_least_loss(tmp_path):
 
 
 def test_a_run_cut_off_after_the_arrival_resumes_to_the_same_summary(tmp_path):
-    cfg = merge(toy_with_newcomers("ifca", restarts=1, k=4),
+    cfg = merge(toy_with_newcomers("ifca", restarts=1, k=4, initialisation="random"),
                 {"train": {"rounds": 5}, "newcomers": {"join_round": 2},
                  "run": {"checkpoint_every": 1}})
     whole = run_config(cfg, tmp_path / "whole")
