@@ -35,13 +35,7 @@ KILL_REPLY_TIMEOUT = 30.0  # how long the run waits for the killed node
 
 
 def start(workdir: Path, secure: bool = False):
-    federation = LocalFederation(CLIENTS, workdir, secure=secure, echo=lambda line: None)
-    try:
-        federation.start()
-    except BaseException:
-        federation.stop()
-        raise
-    return federation
+    return LocalFederation(CLIENTS, workdir, secure=secure, echo=lambda line: None).start()
 
 
 @pytest.fixture(scope="module")

@@ -137,14 +137,8 @@ def write_user_app(folder: Path, strategy: str) -> None:
 
 
 def started(workdir: Path, simulation: bool):
-    federation = LocalFederation(CLIENTS, workdir, simulation=simulation,
-                                 echo=lambda line: None)
-    try:
-        federation.start()
-    except BaseException:
-        federation.stop()
-        raise
-    return federation
+    return LocalFederation(CLIENTS, workdir, simulation=simulation,
+                           echo=lambda line: None).start()
 
 
 @pytest.fixture(scope="module")

@@ -200,3 +200,15 @@ def test_the_cost_mod_logs_each_message_only_when_asked(tmp_path, monkeypatch):
     assert first["first_in_process"] and not second["first_in_process"]
     assert first["cpu_before"] > 0 and first["wall_before"] > 0   # this test process's start
     assert second["wall_before"] is None and second["cpu_handler"] >= 0
+
+
+def test_a_start_that_fails_stops_the_processes_it_started(tmp_path, monkeypatch):
+    fed = federation(tmp_path)
+
+    def node_fails(k):
+        raise ClusterfedError(f"node {k} could not start")
+
+    monkeypatch.setattr(fed, "start_node", node_fails)
+    with pytest.raises(ClusterfedError, match="node 0"):
+        fed.start()
+    assert fed.processes and not any(p.alive() for p in fed.processes.values())

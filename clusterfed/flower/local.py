@@ -248,6 +248,14 @@ class LocalFederation:
     # Lifecycle ------------------------------------------------------------------------------
 
     def start(self, timeout: float = 120.0) -> LocalFederation:
+        """Start the SuperLink and the SuperNodes; a start that fails stops what it started."""
+        try:
+            return self._start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, timeout: float) -> LocalFederation:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         if self.secure:
