@@ -39,7 +39,6 @@ from common import machine, mnist
 from executors import cpu_seconds
 from round_time import matmul_peak_gflops, train_flops_per_image
 
-from clusterfed.client.tasks import ClientTask, TaskKind, TrainSpec
 from clusterfed.data import build_federation
 from clusterfed.models import FlatModel, build_model
 from clusterfed.sim.executor import SequentialExecutor
@@ -47,6 +46,7 @@ from clusterfed.sim.grouped import GroupedExecutor
 from clusterfed.sim.processes import ProcessExecutor
 from clusterfed.sim.simulation import initial_params
 from clusterfed.sim.vectorised import VectorisedExecutor
+from clusterfed.tasks import ClientTask, TaskKind, TrainSpec
 
 SEED = 0
 WORKLOADS: dict[str, tuple[str, int, int, int, int]] = {

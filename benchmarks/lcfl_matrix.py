@@ -42,13 +42,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from clusterfed.algorithms.lcfl import loss_distance as ld
 from clusterfed.client import batched
-from clusterfed.client.tasks import ClientTask, TaskKind
 from clusterfed.client.work import run_task
 from clusterfed.data.federation import ClientData, Federation
 from clusterfed.models import FlatModel, build_model
 from clusterfed.models.grouped import GroupedModel
 from clusterfed.sim.grouped import evaluate_grouped, widest_activation
 from clusterfed.sim.processes import ProcessExecutor
+from clusterfed.tasks import ClientTask, TaskKind
 
 MODEL = "cnn_femnist_tiny"
 FLOAT_BYTES = 4

@@ -22,12 +22,12 @@ import torch
 import torch.nn.functional as F
 from common import machine, mnist
 
-from clusterfed.client.tasks import ClientTask, TaskKind, TrainSpec
 from clusterfed.data import build_federation
 from clusterfed.models import FlatModel, build_model
+from clusterfed.sampling import task_seed
 from clusterfed.sim.executor import SequentialExecutor
-from clusterfed.sim.sampling import task_seed
 from clusterfed.sim.simulation import initial_params
+from clusterfed.tasks import ClientTask, TaskKind, TrainSpec
 
 SEED = 0
 MODELS = {"cfl_convnet": "small CNN (CFL's ConvNet, 5,142 parameters)",

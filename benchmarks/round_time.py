@@ -30,7 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from clusterfed.data import Dataset, Federation, build_federation, load_dataset
 from clusterfed.errors import DataError
 from clusterfed.models import FlatModel
-from clusterfed.sim.sampling import sample_clients
+from clusterfed.sampling import sample_clients
 from clusterfed.sim.simulation import Simulation
 
 SEED = 0

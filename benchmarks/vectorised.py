@@ -19,12 +19,12 @@ import numpy as np
 import torch
 from common import best_of, machine, mnist
 
-from clusterfed.client.tasks import ClientTask, TaskKind, TrainSpec
 from clusterfed.data import build_federation
 from clusterfed.models import FlatModel, build_model
 from clusterfed.sim.executor import SequentialExecutor
 from clusterfed.sim.simulation import initial_params
 from clusterfed.sim.vectorised import VectorisedExecutor
+from clusterfed.tasks import ClientTask, TaskKind, TrainSpec
 
 SEED = 0
 PER_CLIENT, BATCH, EPOCHS = 60, 20, 2

@@ -157,8 +157,9 @@ def compare(source: str, overrides: tuple[str, ...], algorithms: str | None, out
             data_dir: str | None, jobs: int) -> None:
     """Run several algorithms on the same federation and tabulate them."""
     from clusterfed.experiments.compare import compare as run_compare
-    from clusterfed.experiments.compare import format_table, labelled_sections, table_rows
+    from clusterfed.experiments.compare import labelled_sections
     from clusterfed.report import write_report
+    from clusterfed.report.tables import format_table, table_rows
 
     name, config = _resolve(source, overrides, data_dir)
     folder = _out_dir(out, name, "compare")

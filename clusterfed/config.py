@@ -99,8 +99,6 @@ KIND_KEYS = {"data": "dataset", "scenario": "kind", "model": "name", "algorithm"
 # FedEM's and FedRC's prediction, each client's mixture of the models (`Mixture`).
 EVAL_PROTOCOLS = ("cluster", "local", "best_of_path", "sampled_local", "min_test_loss",
                   "mixture")
-# How a newcomer gets its model (algorithms/newcomers.py).
-NEWCOMER_JOIN_RULES = ("least_loss", "served")
 # Keys that keep their meaning when the section's kind changes.
 KIND_INDEPENDENT = {
     "scenario": {"clients", "clusters", "samples_per_client", "test_samples_per_client", "test",
@@ -378,7 +376,7 @@ def _check_loggers(run: Mapping[str, Any]) -> None:
 
 def _check_newcomers(section: Mapping[str, Any]) -> None:
     """Types of the config's `newcomers` section (its ids are checked against the federation
-    when the run starts)."""
+    when the run starts, its `join` rule when the algorithm is built: `build_algorithm`)."""
     clients = section["clients"]
     if not isinstance(clients, list | tuple) or not all(
             isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in clients):
@@ -390,9 +388,6 @@ def _check_newcomers(section: Mapping[str, Any]) -> None:
                     or join_round < 1):
         raise ConfigError(f"newcomers.join_round must be a round >= 1 (0-based) when there are "
                           f"newcomers, got {join_round!r}")
-    if section["join"] not in NEWCOMER_JOIN_RULES:
-        raise ConfigError(f"newcomers.join must be one of {', '.join(NEWCOMER_JOIN_RULES)}, "
-                          f"got {section['join']!r}")
     if not isinstance(section["finetune"], bool):
         raise ConfigError(f"newcomers.finetune must be true or false, "
                           f"got {section['finetune']!r}")

@@ -14,6 +14,7 @@ import io
 import sys
 import textwrap
 import tokenize
+import typing
 from typing import Any
 
 import yaml
@@ -66,13 +67,18 @@ def _comments_in(source: str) -> dict[str, str]:
     return found
 
 
+def _default_value(field: dataclasses.Field[Any]) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
+
+
 def _default(field: dataclasses.Field[Any]) -> str:
     """The field's default as it is written in a config (YAML), or "required"."""
-    if field.default is not dataclasses.MISSING:
-        value = field.default
-    elif field.default_factory is not dataclasses.MISSING:
-        value = field.default_factory()
-    else:
+    value = _default_value(field)
+    if value is dataclasses.MISSING:
         return "required"
     if isinstance(value, tuple | frozenset | set):
         value = list(value)
@@ -91,19 +97,39 @@ def _summary(cls: type) -> str:
     return " ".join((doc or "").strip().split("\n\n")[0].split())
 
 
+def literal_choices(cls: type) -> dict[str, tuple[Any, ...]]:
+    """Field name -> its values, for the fields typed as a Literal (e.g. `Weighting`)."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except (NameError, TypeError):   # a name only a type checker imports
+        return {}
+    return {name: typing.get_args(hint) for name, hint in hints.items()
+            if typing.get_origin(hint) is typing.Literal}
+
+
 def method_options(name: str) -> list[tuple[str, str, str]]:
     """(option, default, meaning) for every init field of the method `name`."""
-    cls = ALGORITHMS.get(name)
+    return options_of(ALGORITHMS.get(name))
+
+
+def options_of(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(option, default, meaning) for every init field of the dataclass `cls`; a field whose
+    default is itself a dataclass (an option group, e.g. `k_choice`) gives one row for each
+    of the group's options, `group.option`."""
     comments = field_comments(cls)
-    choices: dict[str, tuple[str, ...]] = getattr(cls, "_kinds", {})
+    choices = {**literal_choices(cls), **getattr(cls, "_kinds", {})}
     rows = []
     for field in dataclasses.fields(cls):
         if not field.init:
             continue
+        default = _default_value(field)
+        if dataclasses.is_dataclass(default):
+            rows += options_of(type(default), f"{prefix}{field.name}.")
+            continue
         meaning = comments.get(field.name, "")
         if field.name in choices:
             meaning = f"one of {', '.join(map(str, choices[field.name]))}. {meaning}".strip()
-        rows.append((field.name, _default(field), meaning))
+        rows.append((prefix + field.name, _default(field), meaning))
     return rows
 
 
@@ -112,8 +138,11 @@ def options_reference() -> str:
     out = [TITLE, "",
            "Generated from the code (`clusterfed/docs_gen.py`) at every docs build: each",
            "method's dataclass fields, their defaults and the comments beside them in the",
-           "source. Set one as `algorithm.OPTION=VALUE` (e.g. `algorithm.k=3`). What the",
-           "methods do: [Methods](methods.md).", ""]
+           "source. Set one as `algorithm.OPTION=VALUE` (e.g. `algorithm.weighting=uniform`),",
+           "an option of a group as `algorithm.GROUP.OPTION=VALUE` (e.g.",
+           "`algorithm.k_choice.selector=hdbscan`: the choice of the number of clusters,",
+           "compared in [the benchmark](benchmark.md), \"Selectors\"). What the methods do:",
+           "[Methods](methods.md).", ""]
     for name in ALGORITHMS.names():
         cls = ALGORITHMS.get(name)
         module = cls.__module__.replace(".", "/") + ".py"

@@ -201,6 +201,8 @@ class LossSpec:
 
 
 SPLITS = ("test", "validation")
+# How a client decomposes its data for a signature (`client/signature.py`).
+SVD_METHODS = ("auto", "gram", "exact", "randomized")
 
 
 def _floats(values: Sequence[float] | None) -> tuple[float, ...] | None:

@@ -4,8 +4,9 @@ from Flower's message convention alone (no clusterfed code): the user's app the 
 
 Data: scikit-learn's digits, split evenly over `num-partitions` clients; the clients form
 `groups` groups (node config, default four; partition p in group p % groups), group g's digits
-have labels 2g and 2g + 1 swapped (a label-swap federation; one group is iid). The test set of
-each client is the last fifth of its share.
+have labels 2g and 2g + 1 swapped (a label-swap federation; one group is iid), or with node
+config `shift = "labels"` group g holds the digits d with d % groups == g (label groups). The
+test set of each client is the last fifth of its share.
 """
 
 from __future__ import annotations
@@ -37,15 +38,20 @@ def true_group(partition_id: int, groups: int = GROUPS) -> int:
     return partition_id % groups
 
 
-def load_data(partition_id: int, num_partitions: int, groups: int = GROUPS
-              ) -> tuple[DataLoader, DataLoader]:
-    """This partition's train and test loaders."""
+def load_data(partition_id: int, num_partitions: int, groups: int = GROUPS,
+              shift: str = "swap") -> tuple[DataLoader, DataLoader]:
+    """This partition's train and test loaders. `shift`: "swap" (group g swaps labels 2g and
+    2g + 1) or "labels" (group g holds the digits d with d % groups == g)."""
     x, y = load_digits(return_X_y=True)
     order = np.random.default_rng(0).permutation(len(y))
-    share = np.array_split(order, num_partitions)[partition_id]
     g = true_group(partition_id, groups)
+    if shift == "labels":
+        members = range(g, num_partitions, groups)
+        share = np.array_split(order[y[order] % groups == g], len(members))[partition_id // groups]
+    else:
+        share = np.array_split(order, num_partitions)[partition_id]
     labels = y[share].copy()
-    if groups > 1:
+    if groups > 1 and shift == "swap":
         a, b = labels == 2 * g, labels == 2 * g + 1
         labels[a], labels[b] = 2 * g + 1, 2 * g
     data = torch.tensor(x[share] / 16.0, dtype=torch.float32)
@@ -56,6 +62,13 @@ def load_data(partition_id: int, num_partitions: int, groups: int = GROUPS
     return (DataLoader(train, batch_size=16, shuffle=True,
                        generator=torch.Generator().manual_seed(partition_id)),
             DataLoader(test, batch_size=64))
+
+
+def partition_data(context: Context) -> tuple[DataLoader, DataLoader]:
+    """The loaders of the partition a node's config names."""
+    node = context.node_config
+    return load_data(node["partition-id"], node["num-partitions"], node.get("groups", GROUPS),
+                     node.get("shift", "swap"))
 
 
 def train(net: Net, trainloader: DataLoader, epochs: int, lr: float) -> float:
@@ -92,10 +105,7 @@ app = ClientApp()
 def train_handler(msg: Message, context: Context) -> Message:
     model = Net()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    partition_id = context.node_config["partition-id"]
-    num_partitions = context.node_config["num-partitions"]
-    trainloader, _ = load_data(partition_id, num_partitions,
-                               context.node_config.get("groups", GROUPS))
+    trainloader, _ = partition_data(context)
     train_loss = train(model, trainloader, context.run_config["local-epochs"],
                        msg.content["config"]["lr"])
     model_record = ArrayRecord(model.state_dict())
@@ -108,10 +118,7 @@ def train_handler(msg: Message, context: Context) -> Message:
 def evaluate_handler(msg: Message, context: Context) -> Message:
     model = Net()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    partition_id = context.node_config["partition-id"]
-    num_partitions = context.node_config["num-partitions"]
-    _, testloader = load_data(partition_id, num_partitions,
-                              context.node_config.get("groups", GROUPS))
+    _, testloader = partition_data(context)
     eval_loss, eval_acc = test(model, testloader)
     metrics = {"eval_loss": eval_loss, "eval_acc": eval_acc,
                "num-examples": len(testloader.dataset)}

@@ -9,7 +9,7 @@ from clusterfed.algorithms import ALGORITHMS, RoundContext, Setup, build_algorit
 from clusterfed.algorithms.aggregate import aggregation_weights, weighted_mean
 from clusterfed.client import ClientResult, TaskKind, TrainSpec
 from clusterfed.errors import ConfigError
-from clusterfed.sim.sampling import clients_per_round, sample_clients, task_seed
+from clusterfed.sampling import clients_per_round, sample_clients, task_seed
 
 pytestmark = pytest.mark.fast
 

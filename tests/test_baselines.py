@@ -19,14 +19,14 @@ from clusterfed.algorithms import ALGORITHMS, RoundContext, Setup, build_algorit
 from clusterfed.algorithms.fednova.algorithm import local_step_norms
 from clusterfed.algorithms.lg_fedavg.algorithm import layer_index, shared_mask
 from clusterfed.client import ClientResult, ClientTask, TaskKind, TrainSpec, run_task
-from clusterfed.client.tasks import LocalObjective
 from clusterfed.client.work import evaluate, meta_train, train
 from clusterfed.config import merge
 from clusterfed.errors import ConfigError
 from clusterfed.models import FlatModel, build_model
+from clusterfed.sampling import task_seed
 from clusterfed.sim.protocols import ADAPTATION_STEP
-from clusterfed.sim.sampling import task_seed
 from clusterfed.sim.simulation import Simulation
+from clusterfed.tasks import LocalObjective
 
 BASELINES = ["fedprox", "fednova", "scaffold", "lg_fedavg", "per_fedavg", "fedavg_ft"]
 

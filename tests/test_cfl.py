@@ -13,9 +13,8 @@ from sklearn.metrics import adjusted_rand_score
 
 from clusterfed.algorithms import RoundContext, Setup, build_algorithm
 from clusterfed.algorithms.cfl import maths as cfl_math
-from clusterfed.algorithms.cfl.algorithm import (
-    CFLState,
-    Node,
+from clusterfed.algorithms.cfl.algorithm import CFLState, Node
+from clusterfed.algorithms.cfl.tree import (
     join_leaf,
     path_models,
     remove_clients,
@@ -119,7 +118,18 @@ def test_split_into_groups_finds_every_group_in_the_round_of_the_first_split():
     with pytest.raises(ConfigError, match="split_into"):
         build_algorithm({"name": "cfl", "acceptance": "fixed", "split_into": "groups"})
     assert build_algorithm({"name": "cfl", "acceptance": "fixed"}).split_into == "two"
-    assert build_algorithm({"name": "cfl"}).split_into == "two"   # the paper's, by default
+    assert build_algorithm({"name": "cfl"}).split_into == "groups"   # the default
+
+
+def test_bipartitions_nest_when_one_side_of_each_is_disjoint():
+    members = np.arange(8)
+    # Cuts of the groups {0, 1} {2, 3} {4, 5} {6, 7}: off the first group, then the last.
+    assert cfl_math.bipartitions_nest(members, [0, 1], [6, 7])
+    assert cfl_math.bipartitions_nest(members, [0, 1], [0, 1, 2, 3])
+    assert cfl_math.bipartitions_nest(members, [0, 1, 2, 3], [2, 3, 4, 5, 6, 7])
+    assert cfl_math.bipartitions_nest(members, [0, 1], [0, 1])
+    assert not cfl_math.bipartitions_nest(members, [0, 1, 2, 3], [0, 1, 4, 5])
+    assert not cfl_math.bipartitions_nest(members, [0, 2], [0, 1])
 
 
 def test_centred_similarity_is_the_cosine_of_the_directions_minus_their_mean():
@@ -162,7 +172,7 @@ def test_latest_updates_split_a_cluster_no_round_samples_whole():
 
     def two_rounds(samples=([0, 1], [2, 3]), **options):
         algo = build_algorithm({"name": "cfl", "acceptance": "fixed", "eps1": 0.5,
-                                "eps2": 1.0, **options})
+                                "eps2": 1.0, "confirmations": 1, **options})
         state, infos, events = algo.init(setup), [], []
         for rnd, sampled in enumerate(samples):
             upd = algo.update(state, RoundContext(rnd, np.array(sampled), SPEC),
@@ -198,6 +208,45 @@ def test_latest_updates_split_a_cluster_no_round_samples_whole():
     assert event["type"] == "split" and event["parts"] == [[0, 2], [1, 3]]
     with pytest.raises(ValueError, match="split_on='latest'"):
         build_algorithm({"name": "cfl", "split_on": "latest", "similarity_from": "gradients"})
+
+
+def test_a_split_on_latest_updates_needs_nesting_bipartitions_on_consecutive_tests():
+    """Partial rounds test mostly repeated updates, so one accepted test proves little: the
+    split waits until nesting bipartitions are accepted on `confirmations` (3) tests in a row.
+    Groups that hold split on the third test; reporters that change sides each round (noise
+    drawing a crossing bipartition every test) never split, where one test would have split
+    them."""
+    setup = Setup(6, np.zeros(2, np.float32), np.full(6, 10), 0)
+    side = {c: 1.0 if c % 2 == 0 else -1.0 for c in range(6)}   # 0, 2, 4 against 1, 3, 5
+    rounds = ([0, 1, 2], [3, 4, 5], [0, 1], [2, 3], [4, 5])
+
+    def run(flips=(), **options):
+        algo = build_algorithm({"name": "cfl", "rho": None, "similarity_memory": 1,
+                                **options})
+        state, split_rounds = algo.init(setup), []
+        for rnd, sampled in enumerate(rounds):
+            for c in flips[rnd] if rnd < len(flips) else ():
+                side[c] = -side[c]
+            upd = algo.update(state, RoundContext(rnd, np.array(sampled), SPEC),
+                              [result(c, [side[c], 0.01 * c]) for c in sampled])
+            state = upd.state
+            split_rounds += [rnd for e in upd.events if e["type"] == "split"]
+        return state, split_rounds
+
+    state, split_rounds = run()
+    assert split_rounds == [3]                   # tests at rounds 1, 2, 3: the third splits
+    assert sorted(map(list, (state.nodes[v].members for v in state.leaves))) == [
+        [0, 2, 4], [1, 3, 5]]
+    assert run(confirmations=1)[1] == [1]        # the first test alone
+    # Each round two reporters change sides: every test accepts a different bipartition.
+    side.update({c: 1.0 if c % 2 == 0 else -1.0 for c in range(6)})
+    flips = ((), (), (0, 1), (2, 3), (4, 5))
+    state, split_rounds = run(flips)
+    assert split_rounds == [] and len(state.leaves) == 1
+    side.update({c: 1.0 if c % 2 == 0 else -1.0 for c in range(6)})
+    assert run(flips, confirmations=1)[1] == [1]
+    with pytest.raises(ConfigError, match="confirmations"):
+        build_algorithm({"name": "cfl", "confirmations": 0})
 
 
 def test_split_on_defaults_to_latest_and_whole_rounds_keep_no_cache():
@@ -449,7 +498,7 @@ def test_patience_needs_the_criteria_on_consecutive_rounds():
 
 
 def test_best_of_path_reports_the_best_validating_model_on_each_path():
-    from clusterfed.algorithms.cfl.algorithm import path_models as paths
+    from clusterfed.algorithms.cfl.tree import path_models as paths
     cfg = merge(toy(), {"eval": {"protocol": "best_of_path", "validation_fraction": 0.2,
                                  "every": 30}})
     sim = Simulation(cfg)

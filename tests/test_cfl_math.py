@@ -14,23 +14,25 @@ from sklearn.metrics.pairwise import cosine_similarity
 
 from clusterfed.algorithms.aggregate import weighted_mean
 from clusterfed.algorithms.cfl.maths import (
-    alpha_cross_max,
-    complete_linkage_bipartition,
     cross_similarity_bound,
     gamma_max,
-    intra_similarity_min,
     map_to_clients,
     max_norm_stagnates,
     max_update_norm,
     mean_update_norm,
     noise_coupling,
     norm_split_test,
-    optimal_bipartition,
-    optimal_bipartition_alg1,
     scale_free_split_test,
-    separation_gap,
     split_is_admissible,
     update_norms,
+)
+from clusterfed.clustering.bipartition import (
+    alpha_cross_max,
+    complete_linkage_bipartition,
+    intra_similarity_min,
+    optimal_bipartition,
+    optimal_bipartition_alg1,
+    separation_gap,
 )
 from clusterfed.clustering.metrics import clustering_scores
 from clusterfed.clustering.similarity import (

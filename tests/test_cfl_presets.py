@@ -61,6 +61,8 @@ def test_every_cfl_preset_resolves(name: str) -> None:
     config = cfg.resolve(name)
     assert config["algorithm"]["name"] in ("cfl", "fedavg")
     assert raw_text(name).startswith("#"), "a preset says what it reproduces in a comment"
+    if config["algorithm"]["name"] == "cfl":   # the paper's rule, whatever the default
+        assert config["algorithm"]["split_into"] == "two"
 
 
 def test_every_paper_preset_has_a_small_variant_with_the_same_structure() -> None:

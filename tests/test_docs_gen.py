@@ -18,14 +18,35 @@ def sections(text: str) -> dict[str, str]:
     return {part.split("`", 1)[0]: part for part in parts}
 
 
+def option_names(cls: type) -> set[str]:
+    """Init fields; those of an option group (a dataclass default) as group.option."""
+    names = set()
+    for f in dataclasses.fields(cls):
+        if f.init and dataclasses.is_dataclass(f.default):
+            names |= {f"{f.name}.{g.name}" for g in dataclasses.fields(f.default) if g.init}
+        elif f.init:
+            names.add(f.name)
+    return names
+
+
 def test_every_field_of_every_method_is_in_the_reference():
     found = sections(options_reference())
     assert sorted(found) == sorted(ALGORITHMS.names())
     for name in ALGORITHMS.names():
-        fields = [f.name for f in dataclasses.fields(ALGORITHMS.get(name)) if f.init]
         rows = {line.split("`")[1] for line in found[name].splitlines()
                 if line.startswith("| `")}
-        assert rows == set(fields), name
+        assert rows == option_names(ALGORITHMS.get(name)), name
+
+
+def test_an_option_group_shows_each_of_its_options():
+    rows = {option: (default, meaning) for option, default, meaning in method_options("ifca")}
+    assert "k_choice" not in rows and rows["k_choice.k"][0] == "null"
+    default, meaning = rows["k_choice.selector"]
+    assert default == "silhouette"
+    assert meaning.startswith("one of silhouette, eigengap, gap, davies_bouldin, hdbscan.")
+    assert rows["k_choice.min_cluster_size"] == ("3", "hdbscan: the fewest clients of a cluster")
+    # A Literal type (`aggregate.Weighting`) lists its values as a class's `_kinds` would.
+    assert rows["weighting"][1].startswith("one of samples, uniform. ")
 
 
 def test_a_row_has_the_default_the_choices_and_the_comment():

@@ -23,6 +23,7 @@ from clusterfed.algorithms.fedrc.algorithm import (
     label_marginals,
     robust_responsibilities,
 )
+from clusterfed.algorithms.options import ClusterCount
 from clusterfed.client import ClientResult, TaskKind
 from clusterfed.config import merge
 from clusterfed.errors import ConfigError
@@ -119,7 +120,7 @@ def train_result(client: int, component: int, update, n: int) -> ClientResult:
 
 @pytest.mark.parametrize("aggregation", ["samples", "responsibilities"])
 def test_a_round_is_the_e_step_then_one_weighted_training_per_component(aggregation):
-    algo = FedEM(components=2, aggregation=aggregation)
+    algo = FedEM(k_choice=ClusterCount(k=2), aggregation=aggregation)
     state = algo.init(setup(3, sizes=[3, 2, 5]))
     np.testing.assert_array_equal(state.models, [[0.0, 0.0], [1.0, 1.0]])   # two draws
     losses = algo.plan(state, ctx(0, [0, 1]))
@@ -152,7 +153,7 @@ def test_a_round_is_the_e_step_then_one_weighted_training_per_component(aggregat
 
 
 def test_fedrc_asks_for_labels_and_keeps_each_clients_label_counts():
-    algo = FedRC(components=2)
+    algo = FedRC(k_choice=ClusterCount(k=2))
     state = algo.init(setup(2))
     assert algo.plan(state, ctx(0, [0]))[0].loss.labels
     upd = algo.update(state, ctx(0, [0]), [losses_result(0, np.zeros((2, 3)), [0, 2, 2])])

@@ -17,6 +17,7 @@ from clusterfed.algorithms.fedsoft.algorithm import (
     select_clients,
     served_centres,
 )
+from clusterfed.algorithms.options import ClusterCount
 from clusterfed.client import ClientResult, TaskKind
 from clusterfed.config import merge
 from clusterfed.errors import ConfigError
@@ -48,7 +49,7 @@ def test_hard_importance_is_one_on_the_centre_of_most_samples_sigma_elsewhere():
 
 
 def test_hard_importance_in_a_round_gives_each_centre_only_its_clients():
-    algo = FedSoft(k=2, sigma=0.01, importance="hard")
+    algo = FedSoft(k_choice=ClusterCount(k=2), sigma=0.01, importance="hard")
     state = algo.init(setup([4, 4]))
     results = [ClientResult(0, TaskKind.LOSSES, 4, losses=np.array([[1, 1, 1, 9], [2, 2, 2, 1.0]])),
                ClientResult(1, TaskKind.LOSSES, 4, losses=np.array([[5, 5, 1, 5], [1, 1, 5, 1.0]]))]
@@ -97,7 +98,7 @@ def test_centre_update_is_the_weighted_mean_and_keeps_a_centre_without_clients()
 
 
 def test_a_round_estimates_trains_proximally_and_moves_the_centres():
-    algo = FedSoft(k=2, lam=0.5, sigma=0.1)
+    algo = FedSoft(k_choice=ClusterCount(k=2), lam=0.5, sigma=0.1)
     state = algo.init(setup([4, 2, 4]))
     np.testing.assert_array_equal(state.centres, [[0, 0], [1, 1]])
     tasks = algo.plan(state, ctx(0, [0, 2]))
@@ -135,7 +136,7 @@ def test_a_round_estimates_trains_proximally_and_moves_the_centres():
 
 
 def test_local_start_anchor_starts_from_the_proximal_centre_and_keeps_what_it_trained():
-    algo = FedSoft(k=2, lam=0.5, sigma=0.1, local_start="anchor")
+    algo = FedSoft(k_choice=ClusterCount(k=2), lam=0.5, sigma=0.1, local_start="anchor")
     state = algo.init(setup([4, 2, 4]))
     state.personal[:] = [[7, 7], [8, 8], [9, 9]]   # last values the anchor start ignores
     results = [ClientResult(0, TaskKind.LOSSES, 4, losses=np.array([[1, 1, 1, 9], [2, 2, 2, 1.0]])),
@@ -156,7 +157,7 @@ def test_local_start_anchor_starts_from_the_proximal_centre_and_keeps_what_it_tr
 
 
 def test_between_estimations_only_never_estimated_clients_estimate():
-    algo = FedSoft(k=2, tau=2)
+    algo = FedSoft(k_choice=ClusterCount(k=2), tau=2)
     state = algo.init(setup([4, 4, 4]))
     state = algo.update(state, ctx(0, [0]), [
         ClientResult(0, TaskKind.LOSSES, 4, losses=np.ones((2, 4)))]).state
@@ -168,7 +169,7 @@ def test_between_estimations_only_never_estimated_clients_estimate():
 
 
 def test_selection_trains_the_union_of_the_centres_draws_the_same_for_a_seed():
-    algo = FedSoft(k=2, selection_size=1)
+    algo = FedSoft(k_choice=ClusterCount(k=2), selection_size=1)
     state = algo.init(setup([4] * 6))
     a = algo.plan(state, ctx(1, np.arange(6), step=1))
     b = algo.plan(state, ctx(1, np.arange(6), step=1))
@@ -181,7 +182,7 @@ def test_served_centres_fall_back_to_the_most_common():
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"k": 0}, "k must"), ({"tau": 0}, "tau"), ({"sigma": 0.0}, "sigma"),
+    ({"k_choice": {"k": 0}}, "k must"), ({"tau": 0}, "tau"), ({"sigma": 0.0}, "sigma"),
     ({"lam": -1.0}, "lam"), ({"selection_size": 0}, "selection_size"),
     ({"select_round": -1}, "select_round"), ({"local_start": "centre"}, "local_start"),
     ({"importance": "argmax"}, "importance")])
@@ -209,7 +210,8 @@ def test_k_from_the_data_finds_the_rotations_and_one_cluster_on_iid():
 
 def test_k_given_needs_an_init_scheme():
     with pytest.raises((ValueError, ConfigError), match="init scheme"):
-        FedSoft(k=2).init(Setup(2, np.zeros(2, np.float32), np.array([1, 1]), 0))
+        FedSoft(k_choice=ClusterCount(k=2)).init(Setup(2, np.zeros(2, np.float32),
+                                                       np.array([1, 1]), 0))
 
 
 def test_an_interrupted_run_resumes_to_the_same_summary_after_s_is_chosen(tmp_path):

@@ -20,6 +20,7 @@ from clusterfed.algorithms.fesem.algorithm import (
     m_step,
     multi_center_loss,
 )
+from clusterfed.algorithms.options import ClusterCount
 from clusterfed.client import ClientResult, TaskKind, TrainSpec
 from clusterfed.clustering.kmeans import kmeans_clusters, kmeans_labels
 from clusterfed.clustering.similarity import euclidean_distance_matrix
@@ -88,7 +89,7 @@ def train_result(client: int, centre: int, update, n: int = 10) -> ClientResult:
 
 
 def test_a_round_trains_from_the_centre_then_reassigns_and_averages():
-    algo = FeSEM(k=2, initialisation="random")
+    algo = FeSEM(k_choice=ClusterCount(k=2), initialisation="random")
     state = algo.init(Setup(4, np.zeros(2, np.float32), np.full(4, 10), 0,
                             draw_initial=lambda i: np.full(2, float(i), np.float32)))
     state = replace(state, centres=CENTRES.copy(), assignment=np.array([0, 0, 1, -1]))
@@ -113,7 +114,7 @@ def test_options_are_checked():
     with pytest.raises(ValueError, match="initialisation"):
         FeSEM(initialisation="kmeans")
     with pytest.raises(ValueError, match="k must be"):
-        FeSEM(k=0)
+        FeSEM(k_choice=ClusterCount(k=0))
 
 
 def run(scenario: dict) -> dict:
@@ -132,7 +133,7 @@ def test_recovers_rotations_and_finds_one_cluster_on_iid():
 
 
 def test_the_selection_round_starts_each_centre_at_its_clusters_mean():
-    algo = FeSEM(k=2, select_round=0)
+    algo = FeSEM(k_choice=ClusterCount(k=2), select_round=0)
     state = algo.init(Setup(4, np.ones(2, np.float32), np.full(4, 10), 0))
     ctx = RoundContext(0, np.array([0, 1, 2, 3]), SPEC)
     tasks = algo.plan(state, ctx)

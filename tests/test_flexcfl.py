@@ -13,6 +13,7 @@ from sklearn.metrics import adjusted_rand_score
 
 from clusterfed.algorithms import RoundContext, Setup
 from clusterfed.algorithms.flexcfl.algorithm import (
+    NONE,
     FlexCFL,
     cold_start_groups,
     cosine_dissimilarity,
@@ -23,6 +24,7 @@ from clusterfed.algorithms.flexcfl.algorithm import (
     inter_group_updates,
     step_temperature,
 )
+from clusterfed.algorithms.options import ClusterCount
 from clusterfed.client import ClientResult, TaskKind, TrainSpec
 from clusterfed.config import merge
 from clusterfed.sim.simulation import run_config
@@ -86,10 +88,10 @@ def test_group_cold_start_finds_the_directions_or_one_group():
     rng = np.random.default_rng(3)
     truth = np.repeat(np.arange(3), [6, 5, 4])
     updates = blobs(rng, [6, 5, 4])
-    assert adjusted_rand_score(truth, group_labels(updates, None, seed=0)) == 1.0
-    assert adjusted_rand_score(truth, group_labels(updates, 3, seed=0)) == 1.0
+    assert adjusted_rand_score(truth, group_labels(updates, ClusterCount(), seed=0)) == 1.0
+    assert adjusted_rand_score(truth, group_labels(updates, ClusterCount(k=3), seed=0)) == 1.0
     iid = blobs(rng, [15], spread=0.3)     # one direction and noise around it
-    assert group_labels(iid, None, seed=0).max() == 0
+    assert group_labels(iid, ClusterCount(), seed=0).max() == 0
 
 
 def train(client: int, update, meta: dict, n: int = 10) -> ClientResult:
@@ -209,3 +211,33 @@ def test_the_group_cold_start_makes_groups_from_the_pretrained_updates():
         np.testing.assert_allclose(upd.state.models[g], 1 + updates[members].mean(0), rtol=1e-5)
     step1 = algo.plan(upd.state, RoundContext(0, np.arange(n), SPEC, step=1))
     assert [t.meta["group"] for t in step1] == upd.state.group.tolist()
+
+
+def test_under_sampling_the_group_cold_start_pools_pretraining_over_rounds():
+    """4 of 12 clients a round (3 groups of 4): one round's sample holds 1-2 members of a
+    group, too few to group it. The cold start pools ceil(12 / 4) = 3 rounds of pre-training
+    from w_0 and groups all 12 exactly; nobody is grouped before. Under full participation
+    it groups in the first round, as before."""
+    n = 12
+    updates = blobs(np.random.default_rng(5), [4, 4, 4])
+    truth = np.repeat(np.arange(3), 4)
+    algo = FlexCFL(warmup_rounds=0)
+    state = algo.init(Setup(n, np.ones(60, np.float32), np.full(n, 10), 0))
+    for rnd, sampled in enumerate(([0, 1, 4, 8], [2, 5, 9, 10], [3, 6, 7, 11])):
+        assert (state.group == NONE).all()
+        ctx = RoundContext(rnd, np.array(sampled), SPEC)
+        tasks = algo.plan(state, ctx)
+        assert {t.meta["phase"] for t in tasks} == {"pretrain"}
+        state = algo.update(state, ctx, [train(t.client, updates[t.client], t.meta)
+                                         for t in tasks]).state
+    assert adjusted_rand_score(truth, state.group) == 1.0
+    assert state.pool_clients is None                          # the pool is let go
+    one_round = FlexCFL(warmup_rounds=0, pretrain_rounds=1)    # the old rule
+    state = one_round.init(Setup(n, np.ones(60, np.float32), np.full(n, 10), 0))
+    ctx = RoundContext(0, np.array([0, 1, 4, 8]), SPEC)
+    state = one_round.update(state, ctx, [train(t.client, updates[t.client], t.meta)
+                                          for t in one_round.plan(state, ctx)]).state
+    assert (state.group[[2, 3, 5, 6, 7, 9, 10, 11]] == NONE).all()
+    assert adjusted_rand_score(truth[[0, 1, 4, 8]], state.group[[0, 1, 4, 8]]) < 1.0
+    with pytest.raises(ValueError, match="pretrain_rounds"):
+        FlexCFL(pretrain_rounds=0)

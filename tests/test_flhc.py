@@ -9,10 +9,10 @@ from helpers import tiny_config
 from clusterfed.algorithms import RoundContext, Setup, build_algorithm
 from clusterfed.algorithms.flhc.algorithm import FLHC, clients_in_cluster, sample_in_cluster
 from clusterfed.client.runtime import evaluation_runs
-from clusterfed.client.tasks import ClientResult, TaskKind, TrainSpec
 from clusterfed.config import merge
 from clusterfed.errors import ConfigError
 from clusterfed.sim.simulation import Simulation
+from clusterfed.tasks import ClientResult, TaskKind, TrainSpec
 
 SPEC = TrainSpec(lr=0.1, batch_size=10)
 
@@ -277,7 +277,7 @@ def test_a_given_partition_must_fit():
 
 
 def test_pairings_cut_every_pairing_from_one_run_and_train_only_distinct_partitions(tmp_path):
-    from clusterfed.algorithms.flhc import pairings as fp
+    from clusterfed.experiments import flhc_pairings as fp
 
     config = merge(tiny_config("flhc", train={"rounds": 3}),
                    {"algorithm": {"name": "flhc", "rounds_before_clustering": 1,
@@ -322,7 +322,7 @@ def test_pairings_cut_every_pairing_from_one_run_and_train_only_distinct_partiti
 def test_pairings_clustering_reads_a_cut_off_probe_and_says_when_there_is_nothing_yet(tmp_path):
     import json
 
-    from clusterfed.algorithms.flhc import pairings as fp
+    from clusterfed.experiments import flhc_pairings as fp
 
     config = merge(tiny_config("flhc", train={"rounds": 3}),
                    {"algorithm": {"name": "flhc", "rounds_before_clustering": 1,
@@ -356,7 +356,7 @@ def test_pairings_clustering_reads_a_cut_off_probe_and_says_when_there_is_nothin
 
 
 def test_best_cuts_find_the_truth_in_each_tree_and_the_taus_that_cut_there():
-    from clusterfed.algorithms.flhc import pairings as fp
+    from clusterfed.experiments import flhc_pairings as fp
 
     # Two groups on a line: average linkage merges at 0.1, 0.2, 0.25, 0.5, then 46.2 / 9 (the
     # mean of the nine cross distances), so 2 clusters for taus from 0.5 / 0.25 = 2 up to

@@ -51,7 +51,7 @@ def test_table_v_single_linkage_chains_where_cosine_and_ward_separate(shared_dat
     rounds): some cut of every cosine tree and of L2 / Ward recovers the 4 groups exactly,
     while no cut of single linkage under L2 or L1 comes near them (at this scale best ARI 0.676
     and 0; at the paper's, seed 0: 0 and 0, docs/reproductions/flhc.md "Tables IV/V")."""
-    from clusterfed.algorithms.flhc import pairings as fp
+    from clusterfed.experiments import flhc_pairings as fp
 
     config = cfg.resolve("flhc-mnist-labelswap-small", [
         f"data.root={shared_data}", "run.progress=false", "run.threads=1", "train.rounds=11"])

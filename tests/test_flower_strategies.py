@@ -17,6 +17,7 @@ pytest.importorskip("flwr", reason="Flower is not installed: the Flower strategy
 import flower_template as template  # noqa: E402
 import torch  # noqa: E402
 from flower_cases import flower_config  # noqa: E402
+from flower_control import assignment, under_test  # noqa: E402
 from flower_grid import LoopbackGrid  # noqa: E402
 from flwr.app import (  # noqa: E402
     Array,
@@ -35,7 +36,16 @@ from clusterfed.errors import ClusterfedError  # noqa: E402
 from clusterfed.flower import strategies  # noqa: E402
 from clusterfed.flower.arrays import Layout, flatten, layout_of, unflatten  # noqa: E402
 from clusterfed.flower.node import node_for  # noqa: E402
-from clusterfed.flower.wire import config_json  # noqa: E402
+from clusterfed.flower.queries import (  # noqa: E402
+    SIGNATURE,
+    inputs_and_labels,
+    signature_query,
+)
+from clusterfed.flower.wire import (  # noqa: E402
+    config_json,
+    decode_task,
+    encode_result,
+)
 from clusterfed.sim.build import build_run  # noqa: E402
 from clusterfed.sim.simulation import run_config  # noqa: E402
 from clusterfed.tasks import ClientTask, TaskKind  # noqa: E402
@@ -45,9 +55,11 @@ CLIENTS = 8
 CLAIMS = [("CFL", 30), ("FLHC", 12), ("IFCA", 14)]
 
 
-def template_grid(groups: int = template.GROUPS) -> LoopbackGrid:
-    return LoopbackGrid(range(CLIENTS), app=template.app, run_config={"local-epochs": 1},
-                        node_config={"num-partitions": CLIENTS, "groups": groups})
+def template_grid(groups: int = template.GROUPS, app: ClientApp = template.app,
+                  shift: str = "swap") -> LoopbackGrid:
+    return LoopbackGrid(range(CLIENTS), app=app, run_config={"local-epochs": 1},
+                        node_config={"num-partitions": CLIENTS, "groups": groups,
+                                     "shift": shift})
 
 
 def quickstart(strategy: strategies.ClusteredStrategy, grid: LoopbackGrid, rounds: int
@@ -55,15 +67,16 @@ def quickstart(strategy: strategies.ClusteredStrategy, grid: LoopbackGrid, round
     """Flower's PyTorch quickstart ServerApp body with `strategy` in FedAvg's place."""
     torch.manual_seed(0)
     arrays = ArrayRecord(template.Net().state_dict())
-    return strategy.start(grid=grid, initial_arrays=arrays,
-                          train_config=ConfigRecord({"lr": 0.05}), num_rounds=rounds)
+    return under_test(strategy, len(grid.nodes)).start(
+        grid=grid, initial_arrays=arrays, train_config=ConfigRecord({"lr": 0.05}),
+        num_rounds=rounds)
 
 
 def found_and_truth(result: strategies.ClusteredResult, grid: LoopbackGrid, groups: int
                     ) -> tuple[list[int], list[int]]:
-    found = [result.assignment[node] for node in result.node_ids]
-    truth = [template.true_group(grid.nodes[node], groups) for node in result.node_ids]
-    return found, truth
+    nodes = sorted(grid.nodes)    # the strategies' clients: the sorted node ids
+    return (assignment(result, nodes),
+            [template.true_group(grid.nodes[node], groups) for node in nodes])
 
 
 @pytest.mark.parametrize(("name", "rounds"), CLAIMS)
@@ -84,7 +97,31 @@ def test_a_template_client_app_unmodified_gets_the_four_label_swap_clusters(name
 def test_an_iid_federation_stays_one_cluster(name, rounds):
     grid = template_grid(groups=1)
     result = quickstart(getattr(strategies, name)(min_available_nodes=CLIENTS), grid, rounds)
-    assert set(result.assignment.values()) == {0}
+    assert set(found_and_truth(result, grid, 1)[0]) == {0}
+
+
+def template_app_with_signatures() -> ClientApp:
+    """The template's ClientApp plus the one line PACFL asks of a user: the signature query,
+    built from the template's own training loader."""
+    app = ClientApp()
+    app.train()(template.train_handler)
+    app.evaluate()(template.evaluate_handler)
+    app.query(SIGNATURE)(signature_query(lambda context: template.partition_data(context)[0]))
+    return app
+
+
+@pytest.mark.parametrize(("groups", "shift"), [(template.GROUPS, "labels"), (1, "labels")],
+                         ids=["label-groups", "iid"])
+def test_pacfl_clusters_label_groups_from_the_signatures_of_a_template_client_app(groups,
+                                                                                  shift):
+    grid = template_grid(groups, template_app_with_signatures(), shift)
+    result = quickstart(strategies.PACFL(min_available_nodes=CLIENTS), grid, 2)
+    found, truth = found_and_truth(result, grid, groups)
+    if groups > 1:
+        assert adjusted_rand_score(truth, found) >= 0.95, (found, truth)
+    else:
+        assert set(found) == {0}, found
+    assert set(result.evaluate_metrics_clientapp) == {1, 2}
 
 
 # A ClientApp in Flower's convention whose work is clusterfed's client code, so that the
@@ -110,7 +147,7 @@ def clusterfed_app(config: dict, layout: Layout) -> ClientApp:
         r = int(run["server-round"]) - 1
         task = ClientTask(node.index, TaskKind.TRAIN, params,
                           spec.decayed(float(config["train"]["lr_decay"]), r), id=0)
-        result = node.run(task, r, int(run["clusterfed-step"]))
+        result = node.run(task, r, int(run.get("clusterfed-step", 0)))
         return reply(msg, unflatten(params + result.update, layout),
                      {"train_loss": result.loss, "num-examples": result.num_samples})
 
@@ -122,13 +159,19 @@ def clusterfed_app(config: dict, layout: Layout) -> ClientApp:
         r = int(run["server-round"]) - 1
         if run.get("clusterfed-task") == "losses":
             task = ClientTask(node.index, TaskKind.LOSSES, params[None], id=0)
-            result = node.run(task, r, int(run["clusterfed-step"]))
+            result = node.run(task, r, int(run.get("clusterfed-step", 0)))
             return reply(msg, None, {"eval_loss": float(result.losses[0]),
                                      "num-examples": result.num_samples})
         result = node.run(ClientTask(node.index, TaskKind.EVALUATE, params, id=0), r, 0)
         return reply(msg, None, {"eval_loss": float(result.losses[0]),
                                  "eval_acc": float(result.accuracies[0]),
                                  "num-examples": result.num_samples})
+
+    @app.query(SIGNATURE)
+    def signature(msg: Message, context: Context) -> Message:
+        task, r, step, _ = decode_task(msg.content)
+        return Message(encode_result(node_for(text, context.node_config).run(task, r, step)),
+                       reply_to=msg)
 
     return app
 
@@ -141,6 +184,8 @@ SAME_ARITHMETIC = [
     ({"name": "ifca", "select_round": 1, "min_silhouette": 0.05}, 3),
     ({"name": "fesem", "k": 2, "select_round": 1, "initialisation": "clients"}, 2),
     ({"name": "flexcfl", "k": 2, "warmup_rounds": 0}, 2),
+    # Signatures of a label swap hardly differ: two clusters asked for, the cut is arithmetic.
+    ({"name": "pacfl", "n_clusters": 2}, 2),
 ]
 
 
@@ -158,16 +203,17 @@ def test_a_strategy_gives_the_simulators_clusters_on_the_same_federation_and_see
     grid = LoopbackGrid(range(n), app=clusterfed_app(config, layout),
                         node_config={"num-partitions": n})
     options = {k: v for k, v in algorithm.items() if k != "name"}
-    strategy = strategies.STRATEGIES[algorithm["name"]](
+    strategy = under_test(strategies.STRATEGIES[algorithm["name"]](
         min_available_nodes=n, fraction_train=float(config["train"]["participation"]),
-        seed=int(config["seed"]), **options)
+        seed=int(config["seed"]), **options), n)
     initial = unflatten(built.setup.initial_params, layout)
     result = strategy.start(grid=grid, initial_arrays=initial,
                             train_config=ConfigRecord({"lr": float(config["train"]["lr"])}),
                             num_rounds=rounds, evaluate_fn=first_weight)
     # Node ids rise with the partition: client c is partition c, as in the simulator.
-    assert [grid.nodes[node] for node in result.node_ids] == list(range(n))
-    assert [result.assignment[node] for node in result.node_ids] == expected
+    nodes = sorted(grid.nodes)
+    assert [grid.nodes[node] for node in nodes] == list(range(n))
+    assert assignment(result, nodes) == expected
     assert len(set(expected)) > 1    # the case clusters at all
     # evaluate_fn saw every cluster's model, before round 1 the initial one.
     assert result.evaluate_metrics_serverapp[0]["w"] == [first_weight(0, initial)["w"]]
@@ -206,3 +252,15 @@ def test_a_record_survives_flattening_with_its_names_shapes_and_dtypes():
     np.testing.assert_array_equal(back["w"].numpy(), record["w"].numpy())
     with pytest.raises(ValueError, match="expected the model's"):
         flatten(ArrayRecord({"v": Array(np.zeros(3, np.float32))}), layout)
+
+
+def test_the_signature_query_reads_pair_and_mapping_batches_alike():
+    x, y = torch.arange(12.0).reshape(6, 2), torch.tensor([0, 1, 0, 1, 2, 2])
+    pairs = [(x[:4], y[:4]), (x[4:], y[4:])]
+    mappings = [{"image": x[:4], "label": y[:4]}, {"image": x[4:], "label": y[4:]}]
+    for got in (inputs_and_labels(pairs), inputs_and_labels(mappings, input_key="image")):
+        torch.testing.assert_close(got, (x, y))
+    with pytest.raises(ValueError, match="yielded no batch"):
+        inputs_and_labels([])
+    with pytest.raises(ValueError, match="a batch is \\(inputs, labels\\)"):
+        inputs_and_labels([x])

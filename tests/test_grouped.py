@@ -14,12 +14,12 @@ from helpers import EXECUTOR_SEED, executor_pair, tiny_config, uneven_digits
 from torch import nn
 
 from clusterfed.client.privacy import ParameterTransform
-from clusterfed.client.tasks import ClientTask, LocalObjective, LossSpec, TaskKind, TrainSpec
 from clusterfed.models import FlatModel, build_model
 from clusterfed.models.grouped import GroupedModel, grouped_obstacle
 from clusterfed.sim.executor import SequentialExecutor
 from clusterfed.sim.grouped import GroupedExecutor
 from clusterfed.sim.simulation import Simulation
+from clusterfed.tasks import ClientTask, LocalObjective, LossSpec, TaskKind, TrainSpec
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,10 @@ from helpers import ctx, tiny_config
 
 from clusterfed import config as cfg
 from clusterfed.algorithms import Setup, build_algorithm
-from clusterfed.algorithms.ifca.algorithm import IFCA, IFCAState, served_clusters
+from clusterfed.algorithms.choices import served_clusters
+from clusterfed.algorithms.ifca.algorithm import IFCA, IFCAState
 from clusterfed.algorithms.ifca.report import choice_matrix
+from clusterfed.algorithms.options import ClusterCount
 from clusterfed.client import ClientResult, TaskKind
 from clusterfed.config import merge
 from clusterfed.errors import ConfigError
@@ -35,7 +37,7 @@ def losses_result(client: int, losses, n: int) -> ClientResult:
 
 
 def test_each_client_takes_the_argmin_of_its_losses_and_trains_that_model():
-    algo = IFCA(k=3, restarts=1, initialisation="perturbed")
+    algo = IFCA(k_choice=ClusterCount(k=3), restarts=1, initialisation="perturbed")
     state = algo.init(setup(5, sizes=[10, 99, 30, 60, 99]))
     tasks = algo.plan(state, ctx(0, [0, 2, 3]))
     assert [t.kind for t in tasks] == [TaskKind.LOSSES] * 3
@@ -73,7 +75,8 @@ RESULTS = [(0, 0, [1.0, 0.0], 10), (1, 0, [0.0, 3.0], 30), (2, 1, [2.0, -2.0], 5
     ("uniform", [0.5, 1.5]),
 ])
 def test_model_averaging_is_the_mean_of_the_returned_models_per_cluster(weighting, cluster0):
-    algo = IFCA(k=3, restarts=1, initialisation="perturbed", weighting=weighting)
+    algo = IFCA(k_choice=ClusterCount(k=3), restarts=1, initialisation="perturbed",
+                weighting=weighting)
     state = with_models(algo.init(setup(3)), MODELS)
     results = [train_result(*r, kind=TaskKind.TRAIN) for r in RESULTS]
     upd = algo.update(state, ctx(0, [0, 1, 2], step=1), results)
@@ -90,8 +93,8 @@ def test_model_averaging_is_the_mean_of_the_returned_models_per_cluster(weightin
     ("cluster", [0.1 * 1.0 / 2, 0.1 * 3.0 / 2], [0.1 * 2.0, 0.1 * -2.0]),
 ])
 def test_gradient_averaging_steps_each_cluster_model(scale, step0, step1):
-    algo = IFCA(k=3, restarts=1, initialisation="perturbed", aggregate="gradients",
-                gradient_scale=scale, weighting="uniform")
+    algo = IFCA(k_choice=ClusterCount(k=3), restarts=1, initialisation="perturbed",
+                aggregate="gradients", gradient_scale=scale, weighting="uniform")
     state = with_models(algo.init(setup(3)), MODELS)
     chosen = algo.update(state, ctx(0, [0, 1, 2]), [
         losses_result(0, [0.1, 0.5, 0.9], 10), losses_result(1, [0.2, 0.5, 0.9], 30),
@@ -106,7 +109,8 @@ def test_gradient_averaging_steps_each_cluster_model(scale, step0, step1):
 
 
 def test_restarts_keep_the_set_with_the_lowest_loss():
-    algo = IFCA(k=2, initialisation="perturbed", restarts=2, restart_rounds=1)
+    algo = IFCA(k_choice=ClusterCount(k=2), initialisation="perturbed", restarts=2,
+                restart_rounds=1)
     state = algo.init(setup(2))
     assert state.models.shape == (2, 2, 2)
     tasks = algo.plan(state, ctx(0, [0, 1]))
@@ -129,7 +133,7 @@ def test_restarts_keep_the_set_with_the_lowest_loss():
 
 
 def test_warmup_trains_k_random_groups_of_equal_size_before_any_choice():
-    algo = IFCA(k=3, restarts=1, initialisation="perturbed", warmup_rounds=2)
+    algo = IFCA(k_choice=ClusterCount(k=3), restarts=1, initialisation="perturbed", warmup_rounds=2)
     state = algo.init(setup(7))
     assert sorted(np.bincount(state.groups[0]).tolist()) == [2, 2, 3]
     tasks = algo.plan(state, ctx(1, [0, 4]))
@@ -155,7 +159,7 @@ def test_random_initialisation_draws_distinct_models_by_the_model_init():
     # Same spread as the model's own init (PyTorch's default), not a perturbation of model 0.
     assert np.std(models[1]) == pytest.approx(np.std(models[0]), rel=0.2)
     with pytest.raises(ValueError, match="draw initialisations"):
-        IFCA(k=2, initialisation="random").init(setup(2))
+        IFCA(k_choice=ClusterCount(k=2), initialisation="random").init(setup(2))
 
 
 @pytest.mark.parametrize("options", [{"k": 0}, {"initialisation": "zeros"},
@@ -209,7 +213,7 @@ def test_a_run_report_has_the_ifca_section(tmp_path):
 def test_rotated_mnist_presets_are_the_papers_setting(name, clients):
     config = cfg.resolve(name)
     algo = build_algorithm(config["algorithm"])
-    assert isinstance(algo, IFCA) and algo.k == config["scenario"]["clusters"] == 4
+    assert isinstance(algo, IFCA) and algo.k_choice.k == config["scenario"]["clusters"] == 4
     assert algo.initialisation == "random" and algo.aggregate == "models"
     assert config["scenario"]["clients"] == clients and config["scenario"]["replicate"]
     assert config["scenario"]["samples_per_client"] == config["train"]["batch_size"] == 100
@@ -234,7 +238,7 @@ def test_k_from_the_data_clusters_the_updates_of_one_model_and_starts_each_clust
     the updates (Ward, silhouette): two opposite groups give k = 2, each model the global
     model plus its group's mean update, and each client's choice is its group."""
     algo = IFCA(select_round=1)
-    assert algo.sets == 1 and IFCA(k=2, initialisation="random").sets == 3
+    assert algo.sets == 1 and IFCA(k_choice=ClusterCount(k=2), initialisation="random").sets == 3
     state = algo.init(setup(6))
     assert state.models.shape == (1, 1, 2) and not state.selected
     warm = algo.plan(state, ctx(0, [0, 3]))
@@ -312,7 +316,7 @@ def test_k_given_starts_from_k_clusters_of_the_updates_of_one_model():
     client's update cut into exactly k clusters, even where the silhouette would take fewer
     (two of the three directions lie close): each model the global model plus its cluster's
     mean update; k distinct directions and tied updates leave no model missing."""
-    algo = IFCA(k=3, select_round=1)
+    algo = IFCA(k_choice=ClusterCount(k=3), select_round=1)
     assert algo.sets == 1 and algo.initialisation == "updates"
     state = algo.init(setup(6))
     assert state.models.shape == (1, 1, 2) and not state.selected
@@ -330,8 +334,8 @@ def test_k_given_starts_from_k_clusters_of_the_updates_of_one_model():
     assert tied.models.shape == (1, 3, 2)
     np.testing.assert_allclose(tied.models[0], [[1.0, 0.0]] * 3)
     with pytest.raises(ValueError, match="no restarts"):
-        IFCA(k=3, restarts=2)
-    assert IFCA(k=3, initialisation="random").sets == 3
+        IFCA(k_choice=ClusterCount(k=3), restarts=2)
+    assert IFCA(k_choice=ClusterCount(k=3), initialisation="random").sets == 3
 
 
 @pytest.mark.parametrize("seed", [3, 4])

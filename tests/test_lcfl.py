@@ -19,14 +19,15 @@ from clusterfed.algorithms.lcfl.algorithm import (
     logged_clients,
     sample_within_clusters,
 )
+from clusterfed.algorithms.options import ClusterCount
 from clusterfed.client import ClientTask, TaskKind, TrainSpec
-from clusterfed.client.tasks import ClientResult, LossSpec
 from clusterfed.client.work import evaluate, loss_data, run_task
 from clusterfed.config import merge
 from clusterfed.errors import ConfigError
 from clusterfed.report.pages import write_report
 from clusterfed.sim.protocols import sampled_local_mean
 from clusterfed.sim.simulation import Simulation, resume_run, run_config
+from clusterfed.tasks import ClientResult, LossSpec
 
 
 def lcfl_config(rounds: int = 4, **options) -> dict:
@@ -69,7 +70,8 @@ def test_phases_warm_up_exchange_then_fedavg_per_cluster():
                               for r in sorted(sim.executor.run(tasks, 1, step=1),
                                               key=lambda r: r.client)]))
     np.testing.assert_allclose(event["distance"], d, atol=1e-6)
-    assert state.assignment.tolist() == LCFL(k=4).cluster_labels(d)[0].tolist()
+    four = LCFL(k_choice=ClusterCount(k=4)).cluster_labels(d)[0]
+    assert state.assignment.tolist() == four.tolist()
     assert len(state.models) == 4
     assert upd.metrics["lcfl"]["model_evaluations"] == n * n
     # Round 2: sampled clients train their own cluster's model.
@@ -152,7 +154,7 @@ def test_eq6_and_the_no_split_rule():
     lmat = np.stack([r.losses for r in results])
     d = algo._distance(upd.state, results)
     np.testing.assert_allclose(d, ld.eq6_distance(lmat))
-    labels, _ = LCFL(k=3, min_distance=float(d.max()) + 1).cluster_labels(d)
+    labels, _ = LCFL(k_choice=ClusterCount(k=3), min_distance=float(d.max()) + 1).cluster_labels(d)
     assert (labels == 0).all()
 
 
@@ -177,7 +179,7 @@ def test_cluster_initialisation_options(init):
     warm = np.arange(n * d, dtype=np.float32).reshape(n, d)
     state = LCFLState(np.zeros((1, d), np.float32), np.zeros(n, dtype=np.int64),
                       np.array([1, 3, 1, 1, 1, 1]), warm_models=warm)
-    algo = LCFL(k=2, metric="diffnorm", cluster_init=init)
+    algo = LCFL(k_choice=ClusterCount(k=2), metric="diffnorm", cluster_init=init)
     upd = algo._cluster(state, [])
     labels = upd.state.assignment
     for c in range(2):
@@ -201,7 +203,7 @@ def test_automatic_k_by_silhouette_and_the_one_cluster_rule():
     iid = rng.uniform(0.9, 1.0, (15, 15))
     iid = (iid + iid.T) / 2
     np.fill_diagonal(iid, 0)
-    one, _ = LCFL(min_silhouette=0.5).cluster_labels(iid)
+    one, _ = LCFL(k_choice=ClusterCount(min_silhouette=0.5)).cluster_labels(iid)
     assert (one == 0).all()
 
 
@@ -219,14 +221,15 @@ def test_clustered_rounds_sample_within_each_cluster():
     assert sample_within_clusters(assignment, 1.0, rng).tolist() == list(range(14))
     # In the algorithm: rho is the round's sample size over all clients; a global sample of
     # 4 clients out of 8 that all sit in cluster 0 still trains every cluster.
-    algo = LCFL(k=2)
+    algo = LCFL(k_choice=ClusterCount(k=2))
     state = LCFLState(models=np.zeros((2, 3), np.float32), assignment=np.repeat([0, 1], 4),
                       num_samples=np.full(8, 10), clustered=True, seed=3)
     ctx = RoundContext(5, np.array([0, 1, 2, 3]), TrainSpec(lr=0.1, batch_size=10))
     planned = [t.client for t in algo.plan(state, ctx)]
     assert np.bincount(state.assignment[planned]).tolist() == [2, 2]
     assert planned == [t.client for t in algo.plan(state, ctx)]     # seeded by (seed, round)
-    assert [t.client for t in LCFL(k=2, cluster_sampling="global").plan(state, ctx)] == [0, 1, 2, 3]
+    every = LCFL(k_choice=ClusterCount(k=2), cluster_sampling="global")
+    assert [t.client for t in every.plan(state, ctx)] == [0, 1, 2, 3]
 
 
 def test_exchange_cost_counts_the_all_pairs_exchange():
@@ -303,7 +306,7 @@ def test_toy_result_meta_seconds_stay_out_of_state():
     n = 2
     state = LCFLState(np.zeros((1, 4), np.float32), np.zeros(n, dtype=np.int64), np.ones(n),
                       warm_models=np.zeros((n, 4), np.float32))
-    upd = LCFL(k=1)._cluster(state, [result, ClientResult(1, TaskKind.LOSSES, 3,
-                                                          losses=np.zeros(2))])
+    upd = LCFL(k_choice=ClusterCount(k=1))._cluster(
+        state, [result, ClientResult(1, TaskKind.LOSSES, 3, losses=np.zeros(2))])
     assert upd.events[0]["client_seconds_total"] == 1.5
     assert "seconds" not in json.dumps(upd.metrics)

@@ -11,6 +11,7 @@ import torch
 
 from clusterfed.algorithms.lcfl import loss_distance as ld
 from clusterfed.algorithms.lcfl.algorithm import LCFL
+from clusterfed.algorithms.options import ClusterCount
 from clusterfed.client.work import losses
 from clusterfed.clustering import precomputed as pc
 from clusterfed.models import FlatModel
@@ -287,7 +288,8 @@ def test_lcfl_automatic_k_sees_the_blobs_kmedoids_alone_merges():
     alone, _ = LCFL(tree_repair=None).cluster_labels(d)
     assert len(np.unique(alone)) == 2
     # k given is the paper's k-medoids, untouched.
-    assert same_partition(LCFL(k=3).cluster_labels(d)[0], pc.k_medoids(d, 3).labels)
+    assert same_partition(LCFL(k_choice=ClusterCount(k=3)).cluster_labels(d)[0],
+                          pc.k_medoids(d, 3).labels)
 
 
 @pytest.mark.parametrize("seed", range(5))

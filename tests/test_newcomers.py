@@ -161,8 +161,9 @@ def test_bad_newcomers_are_refused_with_the_key_named():
         resolve({"newcomers": {"clients": "7", "join_round": 2}})
     with pytest.raises(ConfigError, match="twice"):
         resolve({"newcomers": {"clients": [1, 1], "join_round": 2}})
+    bad_join = resolve({"newcomers": {"clients": [1], "join_round": 2, "join": "nearest"}})
     with pytest.raises(ConfigError, match="newcomers.join must"):
-        resolve({"newcomers": {"clients": [1], "join_round": 2, "join": "nearest"}})
+        build_algorithm(bad_join["algorithm"], bad_join["newcomers"])
     with pytest.raises(ConfigError, match="does not exist"):
         Newcomers(Stub(), (12,), join_round=1).init(setup())
     with pytest.raises(ConfigError, match="newcomers.finetune_rounds"):
@@ -234,7 +235,8 @@ def test_a_run_cut_off_after_the_arrival_resumes_to_the_same_summary(tmp_path):
 
 
 def test_compare_shows_the_newcomers_figures_beside_everyone_s(tmp_path):
-    from clusterfed.experiments.compare import compare, format_table, table_rows
+    from clusterfed.experiments.compare import compare
+    from clusterfed.report.tables import format_table, table_rows
 
     config = merge(toy_with_newcomers("fedavg"), {"train": {"rounds": 3},
                                                    "newcomers": {"join_round": 2}})

@@ -12,7 +12,7 @@ from clusterfed import config as cfg
 from clusterfed.algorithms import RoundContext, Setup, build_algorithm
 from clusterfed.algorithms.pacfl import principal_angles as pa
 from clusterfed.algorithms.pacfl.algorithm import UNASSIGNED
-from clusterfed.client import ClientResult, TaskKind, TrainSpec
+from clusterfed.client import ClientResult, TaskKind, TrainSpec, signature
 from clusterfed.clustering.metrics import clustering_scores
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import labelled_sections, run_config_of
@@ -324,15 +324,15 @@ def test_fmnist_label_groups_recovered_exactly_from_signatures_alone(shared_data
 def test_budget_allocation_is_the_codes_dirichlet_rule():
     # n = 100 over 4 classes: only class 0 (60 %) clears 1/4 + 0.05, so it weighs 60 against
     # the others' shares 0.25, 0.10, 0.05: 20 * 60 / 60.4 = 19.87 -> all 20 vectors.
-    assert pa.budget_allocation(np.array([60, 25, 10, 5]), 20).tolist() == [20, 0, 0, 0]
+    assert signature.budget_allocation(np.array([60, 25, 10, 5]), 20).tolist() == [20, 0, 0, 0]
     # Two dominant classes of 45 against one share 0.1: 9.99, 9.99, 0.02 -> 10, 10, 0.
-    assert pa.budget_allocation(np.array([45, 45, 10]), 20).tolist() == [10, 10, 0]
+    assert signature.budget_allocation(np.array([45, 45, 10]), 20).tolist() == [10, 10, 0]
     # No dominant class: shares of equal counts, 20 / 3 = 6.67 -> 7, 7, 6 by remainders.
-    assert pa.budget_allocation(np.array([10, 10, 10]), 20).tolist() == [7, 7, 6]
+    assert signature.budget_allocation(np.array([10, 10, 10]), 20).tolist() == [7, 7, 6]
     rng = np.random.default_rng(0)
     x = rng.random((100, 1, 4, 4))
     y = np.repeat([0, 1, 2, 3], [60, 25, 10, 5])
-    u, labels = pa.client_signature(x, y, budget=20)
+    u, labels = signature.client_signature(x, y, budget=20)
     assert u.shape == (16, 16) and set(labels.tolist()) == {0}   # rank 16: 16 of the 20
     with pytest.raises(ConfigError, match="budget"):
         build_algorithm({"name": "pacfl", "budget": 20, "signature": "whole"})
@@ -351,7 +351,7 @@ def test_signature_options_travel_as_a_typed_spec_and_the_client_uses_them():
     assert tasks[0].meta == {}
     (result,) = sim.executor.run(tasks[:1], 0)
     data = sim.federation.clients[0]
-    expected, labels = pa.client_signature(data.train_x, data.train_y, p=2, per_class=True,
+    expected, labels = signature.client_signature(data.train_x, data.train_y, p=2, per_class=True,
                                            center=True, mean=[0.1], std=[0.3], svd="exact",
                                            seed=state.seed, budget=40)
     np.testing.assert_array_equal(result.signature, expected.astype(np.float32))

@@ -7,6 +7,7 @@ import pytest
 from scipy.linalg import subspace_angles
 
 from clusterfed.algorithms.pacfl import principal_angles as pa
+from clusterfed.client import signature
 from clusterfed.clustering.metrics import clustering_scores
 from clusterfed.clustering.precomputed import first_appearance_labels
 
@@ -95,21 +96,21 @@ def test_signature_blocks_are_orthonormal_and_invariant_to_scale_and_order():
     y = np.repeat([0, 3, 7], 20)
     y[-18:] = 7
     y[40:42] = 9   # a class with 2 samples gives 2 columns, not p = 3
-    u, labels = pa.client_signature(x, y, p=3)
+    u, labels = signature.client_signature(x, y, p=3)
     assert labels.tolist() == [0, 0, 0, 3, 3, 3, 7, 7, 7, 9, 9]
     for c in np.unique(labels):
         block = u[:, labels == c]
         np.testing.assert_allclose(block.T @ block, np.eye(block.shape[1]), atol=1e-9)
     order = rng.permutation(len(y))
-    again, _ = pa.client_signature(3.7 * x[order], y[order], p=3)
+    again, _ = signature.client_signature(3.7 * x[order], y[order], p=3)
     np.testing.assert_allclose(again, u, atol=1e-8)
-    whole, whole_labels = pa.client_signature(x, y, p=4, per_class=False)
+    whole, whole_labels = signature.client_signature(x, y, p=4, per_class=False)
     assert whole.shape == (25, 4) and set(whole_labels.tolist()) == {-1}
-    exact = pa.client_signature(x, y, p=3, svd="exact")[0]
+    exact = signature.client_signature(x, y, p=3, svd="exact")[0]
     np.testing.assert_allclose(exact, u, atol=1e-7)
     # Per-channel normalisation shifts the data, which moves the subspace; centering does too.
-    assert not np.allclose(pa.client_signature(x, y, mean=[0.5], std=[0.2])[0], u, atol=1e-3)
-    centred, centred_labels = pa.client_signature(x, y, center=True)
+    assert not np.allclose(signature.client_signature(x, y, mean=[0.5], std=[0.2])[0], u, atol=1e-3)
+    centred, centred_labels = signature.client_signature(x, y, center=True)
     assert not np.allclose(centred[:, :3], u[:, :3], atol=1e-3)
     assert (centred_labels == 9).sum() == 1   # two centred samples span one direction
 
@@ -122,7 +123,7 @@ def groups_of_subspaces(rng: np.random.Generator, groups: int, per_group: int, d
     for g in range(groups):
         for _ in range(per_group):
             data = bases[g] @ rng.normal(size=(3, 80)) + 0.05 * rng.normal(size=(d, 80))
-            sigs.append(pa.client_signature(data.T, p=3, per_class=False)[0])
+            sigs.append(signature.client_signature(data.T, p=3, per_class=False)[0])
             truth.append(g)
     return sigs, np.array(truth)
 

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 
 from clusterfed.data import load_dataset
-from clusterfed.data import text as text_module
 from clusterfed.data.files import RemoteFile
-from clusterfed.data.text import (
+from clusterfed.data.text import ag_news, shakespeare
+from clusterfed.data.text.ag_news import clean_ag_news, parse_ag_news_csv
+from clusterfed.data.text.shakespeare import split_samples
+from clusterfed.data.text.tokens import (
     ALL_LETTERS,
     BOS,
     EOS,
@@ -27,13 +29,10 @@ from clusterfed.data.text import (
     build_vocab,
     char_ids,
     char_rows,
-    clean_ag_news,
     encode_words,
     leaf_clean,
     lm_windows,
     next_char_windows,
-    parse_ag_news_csv,
-    split_samples,
     tokenize,
 )
 from clusterfed.errors import ConfigError, DataError
@@ -49,7 +48,8 @@ def register(monkeypatch: pytest.MonkeyPatch, relpath: str, content: bytes,
              urls: tuple[str, ...] = ()) -> str:
     """Point the checksum table at generated content; return its md5."""
     digest = md5(content)
-    monkeypatch.setitem(text_module.TEXT_FILES, relpath, RemoteFile(relpath, digest, urls))
+    table = ag_news.FILES if relpath.startswith("ag_news/") else shakespeare.FILES
+    monkeypatch.setitem(table, relpath, RemoteFile(relpath, digest, urls))
     return digest
 
 
@@ -321,7 +321,7 @@ def test_ag_news_missing_train_names_file_md5_and_way_out(fake_ag: Path) -> None
         load_dataset("ag_news", fake_ag)
     message = str(info.value)
     assert "missing data file" in message and str(path) in message
-    assert text_module.TEXT_FILES["ag_news/train.csv"].content_md5 in message
+    assert ag_news.FILES["ag_news/train.csv"].content_md5 in message
     assert "CLUSTERFED_DATA" in message and "train_from_test" in message
     assert len(message.splitlines()) == 1
 
@@ -335,14 +335,14 @@ def test_ag_news_corrupt_file(fake_ag: Path) -> None:
     message = str(info.value)
     assert "corrupt data file" in message and str(path) in message
     assert md5(changed) in message
-    assert text_module.TEXT_FILES["ag_news/test.csv"].content_md5 in message
+    assert ag_news.FILES["ag_news/test.csv"].content_md5 in message
 
 
 def test_ag_news_official_checksums() -> None:
-    files = text_module.TEXT_FILES
+    files = ag_news.FILES
     assert files["ag_news/test.csv"].content_md5 == "d52ea96a97a2d943681189a97654912d"
     assert files["ag_news/train.csv"].content_md5 == "b1a00f826fdfbd249f79597b59e1dc12"
-    assert text_module.AG_NEWS_ARCHIVE_URLS[0].endswith("/ag_news_csv.tgz")
+    assert ag_news.AG_NEWS_ARCHIVE_URLS[0].endswith("/ag_news_csv.tgz")
 
 
 def make_tgz(path: Path, members: dict[str, bytes]) -> None:
@@ -361,7 +361,7 @@ def test_ag_news_download_archive(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
              {f"ag_news_csv/{name}": data for name, data in contents.items()})
     for name, data in contents.items():
         register(monkeypatch, f"ag_news/{name}", data)
-    monkeypatch.setattr(text_module, "AG_NEWS_ARCHIVE_URLS",
+    monkeypatch.setattr(ag_news, "AG_NEWS_ARCHIVE_URLS",
                         ((mirror / "ag_news_csv.tgz").as_uri(),))
     root = tmp_path / "root"
     with pytest.raises(DataError, match="missing data file"):
@@ -380,7 +380,7 @@ def test_ag_news_download_falls_back_to_csv_mirror(tmp_path: Path,
     content = ag_csv(TEST_ROWS * 8)
     (mirror / "test.csv").write_bytes(content)
     register(monkeypatch, "ag_news/test.csv", content, ((mirror / "test.csv").as_uri(),))
-    monkeypatch.setattr(text_module, "AG_NEWS_ARCHIVE_URLS",
+    monkeypatch.setattr(ag_news, "AG_NEWS_ARCHIVE_URLS",
                         ((mirror / "absent.tgz").as_uri(),))
     root = tmp_path / "root"
     ds = load_dataset("ag_news", root, download=True, train_from_test=0.5)
@@ -602,12 +602,12 @@ def test_tiny_missing_corrupt_and_download(tiny_root: Path, tmp_path: Path,
              ((mirror / "input.txt").as_uri(),))
     ds = load_dataset("shakespeare", tiny_root, source="tiny", download=True)
     assert path.read_text() == TINY and len(ds.train_y) > 0
-    assert text_module.TEXT_FILES["shakespeare/tinyshakespeare.txt"].content_md5 != \
+    assert shakespeare.FILES["shakespeare/tinyshakespeare.txt"].content_md5 != \
         "6fb458f1232090904fb40fe944165e91"  # the patch is in force; the real one is below
 
 
 def test_tiny_official_checksum_and_url() -> None:
-    spec = text_module.TEXT_FILES["shakespeare/tinyshakespeare.txt"]
+    spec = shakespeare.FILES["shakespeare/tinyshakespeare.txt"]
     assert spec.content_md5 == "6fb458f1232090904fb40fe944165e91"
     assert spec.urls[0].endswith("karpathy/char-rnn/master/data/tinyshakespeare/input.txt")
 
@@ -637,7 +637,7 @@ def test_no_role_has_enough_samples(leaf_raw: Path) -> None:
 @pytest.mark.shared_data
 def test_real_ag_news(shared_data: Path) -> None:
     data = (shared_data / "ag_news" / "test.csv").read_bytes()
-    assert md5(data) == text_module.TEXT_FILES["ag_news/test.csv"].content_md5
+    assert md5(data) == ag_news.FILES["ag_news/test.csv"].content_md5
     labels, texts = parse_ag_news_csv(data, "test.csv")
     assert len(texts) == 7600 and np.bincount(labels).tolist() == [1900] * 4
     ds = load_dataset("ag_news", shared_data, train_from_test=0.8)  # verifies the md5

@@ -162,7 +162,7 @@ def test_per_client_bars_mark_a_client_not_evaluated(tmp_path, monkeypatch):
 
 
 def test_the_comparison_table_names_the_clients_not_evaluated():
-    from clusterfed.experiments.compare import table_rows
+    from clusterfed.report.tables import table_rows
 
     def summary(missing):
         final = {"mean_accuracy": 0.5, **({"unevaluated_clients": missing} if missing else {})}

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 import numpy as np
 
-from clusterfed.client.tasks import ClientResult
+from clusterfed.tasks import ClientResult
 
 # Columns a block: the float64 copy of one block (n x BLOCK) stays small however many clients
 # there are; stacking every update, then copying it to float64, held 3x the updates at once.
@@ -34,13 +35,19 @@ def weighted_mean(vectors: Vectors, weights: np.ndarray) -> np.ndarray:
     return out
 
 
-def aggregation_weights(num_samples: np.ndarray, weighting: str) -> np.ndarray:
+# How a method weighs its clients' updates in an average: the option `weighting` of every
+# method that averages, declared here once.
+Weighting = Literal["samples", "uniform"]
+
+
+def aggregation_weights(num_samples: np.ndarray, weighting: Weighting) -> np.ndarray:
     """'samples': proportional to local dataset size (FedAvg); 'uniform': equal weights."""
     if weighting == "samples":
         return np.asarray(num_samples, dtype=np.float64)
     if weighting == "uniform":
         return np.ones(len(num_samples), dtype=np.float64)
-    raise ValueError(f"weighting must be 'samples' or 'uniform', got {weighting!r}")
+    raise ValueError(f"weighting must be one of {', '.join(get_args(Weighting))}, "
+                     f"got {weighting!r}")
 
 
 def cluster_fedavg(models: np.ndarray, updates: Vectors, clusters: np.ndarray,
@@ -63,7 +70,7 @@ def cluster_fedavg(models: np.ndarray, updates: Vectors, clusters: np.ndarray,
 
 
 def results_fedavg(models: np.ndarray, results: Sequence[ClientResult], clusters: Sequence[int],
-                   weighting: str) -> np.ndarray:
+                   weighting: Weighting) -> np.ndarray:
     """`cluster_fedavg` of the results' updates, weighted by `weighting` of their sample counts."""
     if not results:
         return np.array(models, dtype=np.float32)

@@ -11,9 +11,10 @@ from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
-from clusterfed.client.tasks import ClientResult, ClientTask, TrainSpec
+from clusterfed.algorithms.options import options_for
 from clusterfed.errors import ConfigError
 from clusterfed.registry import Registry, accepted_keys, check_keys
+from clusterfed.tasks import ClientResult, ClientTask, TrainSpec
 
 S = TypeVar("S")
 
@@ -173,9 +174,15 @@ def build_algorithm(section: Mapping[str, Any],
     """Build an algorithm from the config's `algorithm` section (its name and its own fields)
     and, if it lists clients, the config's `newcomers` section: a method with its own arrival
     rule (`own_newcomers`) takes them as its options, any other is wrapped (`Newcomers`)."""
+    from clusterfed.algorithms.newcomers import JOIN_RULES, Newcomers  # it builds on this module
+
     options = dict(section)
     name = options.pop("name", None)
     cls = ALGORITHMS.get(str(name))
+    if newcomers is not None:
+        if newcomers.get("join", JOIN_RULES[0]) not in JOIN_RULES:
+            raise ConfigError(f"newcomers.join must be one of {', '.join(JOIN_RULES)}, "
+                              f"got {newcomers['join']!r}")
     late = list((newcomers or {}).get("clients") or [])
     own = bool(late) and getattr(cls, "own_newcomers", False)
     if own:
@@ -189,6 +196,10 @@ def build_algorithm(section: Mapping[str, Any],
         options.update(newcomers=late, join_round=newcomers["join_round"])
         if "finetune_newcomers" in (accepted_keys(cls) or ()):
             options["finetune_newcomers"] = newcomers["finetune"]
+    try:
+        options = options_for(cls, options)
+    except ValueError as err:
+        raise ConfigError(f"algorithm {name}: {err}") from err
     check_keys("algorithm", options, accepted_keys(cls))
     try:
         algorithm = cls(**options)
@@ -196,8 +207,6 @@ def build_algorithm(section: Mapping[str, Any],
         raise ConfigError(f"algorithm {name}: {err}") from err
     if not late or own:
         return algorithm
-    from clusterfed.algorithms.newcomers import Newcomers  # it builds on this module
-
     try:
         return Newcomers(algorithm, tuple(int(c) for c in late), int(newcomers["join_round"]),
                          bool(newcomers["finetune"]), str(newcomers["join"]),

@@ -33,10 +33,12 @@ from typing import Any
 import numpy as np
 
 from clusterfed.algorithms.base import Algorithm, ClusterView, RoundContext, Setup, Update
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
-from clusterfed.config import NEWCOMER_JOIN_RULES as JOIN_RULES
 from clusterfed.errors import ConfigError
 from clusterfed.state import serialisable
+from clusterfed.tasks import ClientResult, ClientTask, TaskKind
+
+# How a newcomer gets its model (the module docstring); the config's `newcomers.join`.
+JOIN_RULES = ("least_loss", "served")
 
 NOT_JOINED = -1
 

@@ -1,8 +1,9 @@
 """The number of clusters from the data, shared by the methods whose papers fix it.
 
 One model is trained by FedAvg for a few rounds; then every client trains it once and the
-server clusters those updates as FL+HC's default does (average linkage on cosine distances,
-cut into the most clusters of which every one has a mean silhouette of at least
+server clusters those updates as FL+HC's default does (average linkage on cosine distances),
+cut into the method's `k_choice.k`, or into the K its `k_choice.selector` chooses (by
+default the most clusters of which every one has a mean silhouette of at least
 `min_silhouette`, else one: `precomputed.substantial_clusters`). Each cluster's model starts
 from the global model plus its members' mean update. IFCA (`k: null`), FedEM and FedRC
 (`components: null`) start from these clusters.
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from clusterfed.algorithms.aggregate import cluster_fedavg
+from clusterfed.algorithms.options import ClusterCount
 from clusterfed.clustering import hierarchical as hc
 
 
@@ -30,13 +32,13 @@ class UpdateClusters:
 
 
 def clusters_of_updates(base: np.ndarray, updates: np.ndarray, weights: np.ndarray,
-                        min_silhouette: float, n_clusters: int | None = None) -> UpdateClusters:
-    """Cluster the clients' updates (m x d) of the one model `base` by the silhouette rule, or
-    into at most `n_clusters` when given; each cluster's model is `base` plus the
-    `weights`-weighted mean of its members' updates."""
-    tree = (hc.hierarchical_clusters(updates, "cosine", "average", n_clusters, "clusters")
-            if n_clusters is not None else
-            hc.hierarchical_clusters(updates, "cosine", "average", min_silhouette, "silhouette"))
+                        count: ClusterCount) -> UpdateClusters:
+    """Cluster the clients' updates (m x d) of the one model `base` into at most `count.k`
+    clusters, or by its selector; each cluster's model is `base` plus the `weights`-weighted
+    mean of its members' updates."""
+    tree = (hc.hierarchical_clusters(updates, "cosine", "average", count.k, "clusters")
+            if count.k is not None else
+            hc.chosen_clusters(updates, "cosine", "average", count.choose))
     models = cluster_fedavg(np.repeat(np.asarray(base, np.float32)[None], tree.num_clusters,
                                       axis=0), updates, tree.labels, weights)
     return UpdateClusters(tree.labels, models, tree.linkage)

@@ -1,7 +1,8 @@
 """Client-side work: pure functions of (parameters, local data, task spec).
 
-The task records (`tasks`) need no torch, so server code (the algorithms) can import them on
-a machine without it; the training functions (`work`) load torch only when first asked for.
+The task records live in `clusterfed.tasks`, below both the client and the algorithms (no
+torch); they are re-exported here. The training functions (`work`) load torch only when first
+asked for.
 """
 
 from typing import Any

@@ -22,6 +22,7 @@ from clusterfed.client.shared_tests import SharedTests, evaluate_shared, shared_
 from clusterfed.client.work import run_task, train_task
 from clusterfed.data.federation import Federation
 from clusterfed.models.flat import FlatModel
+from clusterfed.sampling import task_seed
 from clusterfed.tasks import ClientResult, ClientTask, TaskKind
 
 Data = tuple[torch.Tensor, torch.Tensor]
@@ -160,7 +161,6 @@ class ClientRuntime:
 
     def generator(self, client: int, round_index: int, step: int) -> torch.Generator:
         """The random source of one client's task: its batch order or loss subsample."""
-        from clusterfed.sim.sampling import task_seed  # sim/ imports this module first
         return torch.Generator().manual_seed(task_seed(self.seed, round_index, step, client))
 
     def train_sizes(self) -> np.ndarray:

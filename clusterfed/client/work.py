@@ -11,8 +11,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from clusterfed.algorithms.pacfl.principal_angles import client_signature
 from clusterfed.client.sgd import AdamMoments, OptimizerState, local_step
+from clusterfed.client.signature import client_signature
 from clusterfed.models.flat import FlatModel
 from clusterfed.tasks import (
     ClientResult,

@@ -12,6 +12,7 @@ Conventions (FL+HC spec A9, A10):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -155,6 +156,22 @@ def cluster_condensed(condensed: np.ndarray, linkage: str, threshold: float,
     else:
         raw = hierarchy.fcluster(tree, t=cut, criterion="distance")
     return Dendrogram(pc.first_appearance_labels(raw), tree, cut)
+
+
+def chosen_clusters(vectors: np.ndarray, metric: str, linkage: str,
+                    choose: Callable[[np.ndarray, Callable[[int], np.ndarray]], np.ndarray]
+                    ) -> Dendrogram:
+    """Cluster the rows of `vectors` into the K that `choose(d, labels_for_k)` takes from
+    their distances d and the tree's cut into each k (a selector, `clustering/selectors.py`);
+    with `precomputed.choose_clusters` at `SILHOUETTE_K_MAX` it is the "silhouette" mode."""
+    check_metric_linkage(metric, linkage)
+    condensed = to_condensed(pairwise_distances(vectors, metric))
+    if len(vectors) < 2:
+        return Dendrogram(np.zeros(len(vectors), dtype=np.int64), np.zeros((0, 4)), float("nan"))
+    tree = hierarchy.linkage(condensed, method=linkage)
+    raw = choose(squareform(condensed),
+                 lambda k: hierarchy.fcluster(tree, t=k, criterion="maxclust"))
+    return Dendrogram(pc.first_appearance_labels(raw), tree, float("nan"))
 
 
 def hierarchical_clusters(vectors: np.ndarray, metric: str, linkage: str, threshold: float,

@@ -9,6 +9,8 @@ gives, so every method that finds k from the data reads the same silhouette rule
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from clusterfed.clustering.precomputed import (
@@ -18,6 +20,8 @@ from clusterfed.clustering.precomputed import (
 )
 
 K_MAX = 10
+# A choice of K: (distances, labels at each k) -> labels.
+Choose = Callable[[np.ndarray, Callable[[int], np.ndarray]], np.ndarray]
 
 
 def kmeans_labels(points: np.ndarray, k: int, seed: int, n_init: int = 10) -> np.ndarray:
@@ -35,12 +39,16 @@ def kmeans_labels(points: np.ndarray, k: int, seed: int, n_init: int = 10) -> np
     return first_appearance_labels(fit.labels_)
 
 
+def substantial(d: np.ndarray, labels_for_k: Callable[[int], np.ndarray]) -> np.ndarray:
+    """The default choice of K: the most clusters (up to K_MAX) of which each is substantial
+    on d (`substantial_clusters`; none: one cluster)."""
+    return substantial_clusters(d, labels_for_k, K_MAX, NO_STRUCTURE)[0]
+
+
 def kmeans_clusters(points: np.ndarray, distances: np.ndarray, seed: int, k: int | None = None,
-                    k_max: int = K_MAX, min_silhouette: float = NO_STRUCTURE) -> np.ndarray:
-    """K-means labels of `points` with k given, or with the most clusters (up to k_max) of which
-    each is substantial on `distances` (`substantial_clusters`; none: one cluster)."""
+                    choose: Choose = substantial) -> np.ndarray:
+    """K-means labels of `points` with k given, or into the K that `choose` (a selector of
+    `selectors.py`) takes from `distances` and the K-means labels at each k."""
     if k is not None:
         return kmeans_labels(points, min(k, len(points)), seed)
-    labels, _ = substantial_clusters(distances, lambda j: kmeans_labels(points, j, seed), k_max,
-                                     min_silhouette)
-    return labels
+    return choose(distances, lambda j: kmeans_labels(points, j, seed))

@@ -1,4 +1,4 @@
-"""How well found clusters match the true ones."""
+"""How well found clusters match the true ones, and the figures of a record per true cluster."""
 
 from __future__ import annotations
 
@@ -53,6 +53,24 @@ def truth_scores(true: np.ndarray, found: np.ndarray) -> dict[str, float | None]
     if not has_truth(true):
         return {"ari": None, "nmi": None}
     return dict(clustering_scores(true, found))
+
+
+def evaluated_mean(values: np.ndarray) -> float:
+    """The mean over the clients evaluated (NaN: a client a remote runtime could not reach, or
+    one without test data)."""
+    kept = values[~np.isnan(values)]
+    return float(kept.mean()) if len(kept) else float("nan")
+
+
+def truth_figures(accuracy: np.ndarray, found: np.ndarray, true_clusters: np.ndarray
+                  ) -> dict[str, Any]:
+    """The figures of a record that need the true clusters: ARI, NMI and the mean accuracy
+    of each true cluster; each None where the truth is unknown (own data)."""
+    per_true = None
+    if has_truth(true_clusters):
+        per_true = {str(int(k)): evaluated_mean(accuracy[true_clusters == k])
+                    for k in np.unique(true_clusters)}
+    return {"per_true_cluster_accuracy": per_true, **truth_scores(true_clusters, found)}
 
 
 def grouping_scores(groupings: Mapping[str, np.ndarray], found: np.ndarray) -> dict[str, Any]:

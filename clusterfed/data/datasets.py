@@ -65,6 +65,20 @@ def load_dataset(name: str, root: str | os.PathLike[str] | None = None,
     return loader(root=data_root(root), **options)
 
 
+def positive_option(key: str, value: object) -> int:
+    """A loader's `data.KEY` as a whole number >= 1, or one clear ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"data.{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def fraction_option(key: str, value: object) -> float:
+    """A loader's `data.KEY` as a number in (0, 1), or one clear ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
+        raise ConfigError(f"data.{key} must be a number in (0, 1), got {value!r}")
+    return float(value)
+
+
 @DATASETS.register("digits")
 def load_digits(root: Path | None = None, test_fraction: float = 0.25) -> Dataset:
     """scikit-learn's bundled 8x8 digits (1,797 images), split once with a fixed seed."""

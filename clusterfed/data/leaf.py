@@ -8,7 +8,9 @@ meta/dir-checksum.md5 covers one reference sampling run only) and none is checke
 from __future__ import annotations
 
 import json
+from collections.abc import Container, Iterator
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -74,34 +76,57 @@ def load_femnist(root: Path, download: bool = False, max_writers: int | None = N
                    train_groups=train_g, test_groups=test_g, meta={"groups": names})
 
 
-def _read_leaf_file(path: Path, out: _Writers) -> None:
+class LeafUser(NamedTuple):
+    name: str
+    record: Any               # the user's entry of user_data: {"x": [...], "y": [...]}
+    count: int | None         # its num_samples entry, if the file has them
+    hierarchy: str | None     # its hierarchies entry (Shakespeare's play), if any
+
+
+def leaf_users(path: Path, seen: Container[str], kind: str) -> Iterator[LeafUser]:
+    """The users of one LEAF json file ({"users", "num_samples", "user_data", "hierarchies"}),
+    in the file's order. DataError for a file that is not LEAF's, counts that do not match its
+    users, or a user already in `seen` (the caller's users so far: a folder mixing outputs of
+    different LEAF runs); `kind` names a user in messages (writer, role)."""
     try:
         content = json.loads(path.read_bytes())
         user_data = content["user_data"]
         users = list(content.get("users", user_data))
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise DataError(f"{path} is not a LEAF json file with users and user_data "
                         f"({err!r})") from err
+    if not isinstance(user_data, dict) or not all(isinstance(u, str) for u in users):
+        raise DataError(f"{path} is not a LEAF json file with users and user_data")
     counts = content.get("num_samples")
     if counts is not None and (not isinstance(counts, list) or len(counts) != len(users)):
         raise DataError(f"{path}: num_samples does not give one count per user")
+    hierarchies = content.get("hierarchies")
+    hierarchies = hierarchies if isinstance(hierarchies, list) else []
     for i, user in enumerate(users):
-        if user in out:
-            raise DataError(f"{path}: writer {user} appears in two files of {path.parent}; "
+        if user in seen:
+            raise DataError(f"{path}: {kind} {user} appears in two files of {path.parent}; "
                             f"the folder mixes outputs of different LEAF runs")
+        yield LeafUser(user, user_data.get(user), None if counts is None else counts[i],
+                       str(hierarchies[i]) if i < len(hierarchies) else None)
+
+
+def _read_leaf_file(path: Path, out: _Writers) -> None:
+    for user in leaf_users(path, out, "writer"):
         try:
-            x = np.asarray(user_data[user]["x"], dtype=np.float64)
-            y = np.asarray(user_data[user]["y"], dtype=np.int64).reshape(-1)
+            x = np.asarray(user.record["x"], dtype=np.float64)
+            y = np.asarray(user.record["y"], dtype=np.int64).reshape(-1)
         except (KeyError, TypeError, ValueError) as err:
-            raise DataError(f"{path}: writer {user} has no valid x and y ({err!r})") from err
-        if x.size != len(y) * 784 or (counts is not None and counts[i] != len(y)):
-            raise DataError(f"{path}: writer {user} does not have {len(y)} images of 784 pixels")
+            raise DataError(f"{path}: writer {user.name} has no valid x and y "
+                            f"({err!r})") from err
+        if x.size != len(y) * 784 or (user.count is not None and user.count != len(y)):
+            raise DataError(f"{path}: writer {user.name} does not have {len(y)} images of 784 "
+                            f"pixels")
         if len(y) and (y.min() < 0 or y.max() >= FEMNIST_CLASSES):
-            raise DataError(f"{path}: writer {user} has labels outside 0..61")
+            raise DataError(f"{path}: writer {user.name} has labels outside 0..61")
         if not np.all((x >= 0) & (x <= 1)):  # also catches NaN
-            raise DataError(f"{path}: writer {user} has pixels outside [0, 1]")
+            raise DataError(f"{path}: writer {user.name} has pixels outside [0, 1]")
         pixels = np.rint(x.reshape(len(y), 28, 28) * 255).astype(np.uint8)
-        out[user] = (pixels, y)
+        out[user.name] = (pixels, y)
 
 
 def _keep_first(writers: dict[str, _Writers], n: int) -> None:

@@ -31,12 +31,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from clusterfed import config as cfg
 from clusterfed import strict_json
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import labelled_sections, run_config_of
+from clusterfed.experiments.records import figures, mean_std, paper_figure
 from clusterfed.experiments.resumable import Job, check_folder, run_jobs, threads_per_job
 from clusterfed.state import save_atomic
 
@@ -61,23 +60,6 @@ def check_reproduce(section: Mapping[str, Any]) -> None:
                               f"{', '.join(PROTOCOLS)}, got {protocol!r}")
 
 
-def paper_figure(label: str, figure: Any) -> tuple[float, float]:
-    """[mean, std] or a mean alone (std 0), in %."""
-    values = figure if isinstance(figure, list | tuple) else [figure]
-    if not 1 <= len(values) <= 2 or not all(isinstance(v, int | float) for v in values):
-        raise ConfigError(f"reproduce.paper.{label} must be a mean or [mean, std] in %, got "
-                          f"{figure!r}")
-    return float(values[0]), float(values[1]) if len(values) == 2 else 0.0
-
-
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one value); NaNs left out."""
-    a = np.asarray([v for v in values if v == v], dtype=np.float64)
-    if len(a) == 0:
-        return float("nan"), float("nan")
-    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
-
-
 def verdict(paper: tuple[float, float], ours: tuple[float, float]) -> str:
     """Overlap of the two error bars (in %), else the distance from the paper's bar."""
     (p, p_std), (m, m_std) = paper, ours
@@ -97,22 +79,6 @@ def runs_of(config: Mapping[str, Any], names: Sequence[str] | None = None
     if listed is None and not config["compare"]["algorithms"]:
         return [(str(config["algorithm"]["name"]), dict(config["algorithm"]))]
     return labelled_sections(config, [str(n) for n in listed] if listed else None)
-
-
-def figures(summary: Mapping[str, Any]) -> dict[str, float]:
-    """A run's figures; a run with newcomers is scored on them alone (PACFL's Table 3)."""
-    final = summary["final"]
-    final = final.get("newcomers", final)
-    ari = summary["clustering"].get("ari")
-    return {"own": 100 * float(final["mean_accuracy"]),
-            "cluster": 100 * float(final.get("cluster_mean_accuracy", float("nan"))),
-            # No truth (own data): NaN, which the table prints as '-'.
-            "ari": float("nan") if ari is None else float(ari),
-            "clusters": float(summary["clustering"]["n_clusters"]),
-            "seconds": float(summary.get("wall_seconds", float("nan"))),
-            # Only a mixture scenario's runs have it (`clustering.shares_error`).
-            **({"shares_error": float(summary["clustering"]["shares_error"])}
-               if "shares_error" in summary["clustering"] else {})}
 
 
 def same_run(config: Mapping[str, Any], folder: Path) -> bool:

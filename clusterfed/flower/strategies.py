@@ -1,19 +1,21 @@
 """clusterfed's clustered methods as Flower strategies, for any Flower app.
 
-A Flower user swaps `FedAvg` for `CFL` (or `FLHC`, `IFCA`, `FeSEM`, `FlexCFL`) and keeps their
-ServerApp and ClientApp. The strategy speaks Flower's standard message convention: a `train`
-message carries the model in `"arrays"` and the settings in `"config"` and is answered with
-the trained `"arrays"` and a `"metrics"` record holding `"num-examples"`; an `evaluate` message
-is answered with `"eval_loss"` (and whatever else, such as `"eval_acc"`) and `"num-examples"`.
-clusterfed's own extras travel in the config under keys that start with `clusterfed-`; a
-ClientApp that ignores them works.
+A Flower user swaps `FedAvg` for `CFL` (or `FLHC`, `IFCA`, `FeSEM`, `FlexCFL`, `PACFL`) and
+keeps their ServerApp and ClientApp. The strategy speaks Flower's standard message convention:
+a `train` message carries the model in `"arrays"` and the settings in `"config"` and is
+answered with the trained `"arrays"` and a `"metrics"` record holding `"num-examples"`; an
+`evaluate` message is answered with `"eval_loss"` (and whatever else, such as `"eval_acc"`)
+and `"num-examples"`. clusterfed's own extras travel in the config under keys that start with
+`clusterfed-`; a ClientApp that ignores them works.
 
 The server logic is the registered algorithm's own `init / plan / update / clusters`, the same
 code the simulator and clusterfed's own Flower app run: a planned TRAIN task becomes a `train`
 message; a LOSSES task (IFCA's per-model losses) becomes one `evaluate` message a model, whose
 `"eval_loss"` is that model's loss (the client's evaluation data, where the simulator scores its
-training data: see docs/flower-strategies.md). Methods whose clients must send more (gradients,
-PACFL's signatures, LCFL's cross losses on a subsample) are not offered here.
+training data: see docs/flower-strategies.md); a SIGNATURE task (PACFL's) becomes a
+`query.clusterfed_signature` message, which the handler of `clusterfed.flower.queries` that the
+user registers answers. Methods whose clients must send more (gradients, LCFL's cross losses on
+a subsample, per-sample losses) are not offered here.
 
 Clients are the nodes connected when the run starts (at least `min_available_nodes`), numbered
 0..n-1 in the order of their sorted node ids; nodes that connect later take no part. Each round
@@ -46,9 +48,13 @@ from clusterfed.algorithms.fesem.algorithm import FeSEM as FeSEMAlgorithm
 from clusterfed.algorithms.flexcfl.algorithm import FlexCFL as FlexCFLAlgorithm
 from clusterfed.algorithms.flhc.algorithm import FLHC as FLHCAlgorithm
 from clusterfed.algorithms.ifca.algorithm import IFCA as IFCAAlgorithm
+from clusterfed.algorithms.options import options_for
+from clusterfed.algorithms.pacfl.algorithm import PACFL as PACFLAlgorithm
 from clusterfed.errors import ClusterfedError
 from clusterfed.flower.arrays import Layout, flatten, layout_of, unflatten
-from clusterfed.sim.sampling import clients_per_round, sample_clients
+from clusterfed.flower.queries import SIGNATURE
+from clusterfed.flower.wire import check_result, decode_result, encode_task
+from clusterfed.sampling import clients_per_round, sample_clients
 from clusterfed.tasks import ClientResult, ClientTask, TaskKind, TrainSpec, numbered
 
 # clusterfed's extras in a message's config (a ClientApp may ignore them).
@@ -95,9 +101,10 @@ def _plain(value: Any) -> Any:
 class ClusteredStrategy(Strategy):
     """A clusterfed algorithm driven over Flower's Grid with Flower's message convention.
 
-    `algorithm`: any clusterfed algorithm whose clients only train and score models (its
-    `plan` yields TRAIN and LOSSES tasks). The other arguments mean what FedAvg's do;
-    `seed` seeds the client sampling (and the algorithm's own draws).
+    `algorithm`: any clusterfed algorithm whose clients only train and score models and send
+    signatures (its `plan` yields TRAIN, LOSSES on the training data, and SIGNATURE tasks).
+    The other arguments mean what FedAvg's do; `seed` seeds the client sampling (and the
+    algorithm's own draws).
     """
 
     def __init__(self, algorithm: Algorithm[Any], *, fraction_train: float = 1.0,
@@ -180,25 +187,30 @@ class ClusteredStrategy(Strategy):
         step = _Step(tasks)
         base = {**dict(config), ROUND_KEY: server_round, STEP_KEY: self._ctx.step}
         for i, task in enumerate(tasks):
-            kind = "train" if task.kind is TaskKind.TRAIN else "evaluate"
-            for content in self._contents(task, base):
+            for kind, content in self._contents(task, base):
                 step.messages.append(Message(content, self.node_ids[task.client], kind,
                                              group_id=str(server_round)))
                 step.task_of.append(i)
         self._step = step
         return step.messages
 
-    def _contents(self, task: ClientTask, base: Mapping[str, Any]) -> list[RecordDict]:
-        """A task's message contents: one for TRAIN, one a candidate model for LOSSES."""
+    def _contents(self, task: ClientTask, base: Mapping[str, Any]
+                  ) -> list[tuple[str, RecordDict]]:
+        """A task's messages (type, content): one for TRAIN, one a candidate model for LOSSES,
+        a `query.clusterfed_signature` for SIGNATURE (clusterfed.flower.queries answers it)."""
         assert self.layout is not None
         if task.kind is TaskKind.TRAIN:
-            return [self._content(task.params, {**base, TASK_KEY: "train"})]
+            return [("train", self._content(task.params, {**base, TASK_KEY: "train"}))]
         if task.kind is TaskKind.LOSSES and (task.loss is None or task.loss.data == "train"
                                              and not task.loss.per_sample
                                              and task.loss.max_samples is None):
             rows = np.atleast_2d(task.params)
-            return [self._content(row, {**base, TASK_KEY: "losses", MODEL_KEY: j})
+            return [("evaluate", self._content(row, {**base, TASK_KEY: "losses",
+                                                     MODEL_KEY: j}))
                     for j, row in enumerate(rows)]
+        if task.kind is TaskKind.SIGNATURE:
+            return [(f"query.{SIGNATURE}",
+                     encode_task(task, int(base[ROUND_KEY]) - 1, int(base[STEP_KEY]), ""))]
         raise ClusterfedError(
             f"{type(self).__name__} planned a {task.kind.value} task, which Flower's train and "
             f"evaluate replies cannot answer; see docs/flower-strategies.md for the methods "
@@ -228,6 +240,8 @@ class ClusteredStrategy(Strategy):
                 task.client)
             return None
         try:
+            if task.kind is TaskKind.SIGNATURE:
+                return self._signature(task, replies[0])   # type: ignore[arg-type]
             metrics = [r.content.metric_records[self._metrics_key(r)] for r in replies]
             num_samples = int(metrics[0][self.weighted_by_key])
             if task.kind is TaskKind.TRAIN:
@@ -250,6 +264,14 @@ class ClusteredStrategy(Strategy):
             log(WARNING, "rejected the %s reply of node %d (client %d): %s", task.kind.value,
                 node, task.client, err)
             return None
+
+    @staticmethod
+    def _signature(task: ClientTask, reply: Message) -> ClientResult:
+        result = decode_result(reply.content)
+        problem = check_result(task, result)
+        if problem is not None:
+            raise ValueError(problem)
+        return result
 
     @staticmethod
     def _metrics_key(reply: Message) -> str:
@@ -424,7 +446,8 @@ def _strategy(name: str, algorithm: type, doc: str) -> type[ClusteredStrategy]:
     def __init__(self: ClusteredStrategy, **options: Any) -> None:
         own = {k: options.pop(k) for k in strategy_options if k in options}
         try:
-            method = algorithm(**options)
+            # the flat keys (k=4, min_silhouette=...) as in a config's algorithm section
+            method = algorithm(**options_for(algorithm, options))
         except (TypeError, ValueError) as err:
             raise ClusterfedError(f"{name}: {err}") from err
         ClusteredStrategy.__init__(self, method, **own)
@@ -445,6 +468,11 @@ FeSEM = _strategy("FeSEM", FeSEMAlgorithm, "FeSEM (Xie et al.): clusterfed.algor
 FlexCFL = _strategy("FlexCFL", FlexCFLAlgorithm, "FlexCFL (Duan et al.): "
                     "clusterfed.algorithms.flexcfl's options as keyword arguments. Train "
                     "replies only.")
+PACFL = _strategy("PACFL", PACFLAlgorithm, "PACFL (Vahidian et al.): "
+                  "clusterfed.algorithms.pacfl's options as keyword arguments. Train replies, "
+                  "and one signature query a client before round 1: register "
+                  "clusterfed.flower.queries.signature_query on the ClientApp.")
 
 STRATEGIES: dict[str, type[ClusteredStrategy]] = {
-    "cfl": CFL, "flhc": FLHC, "ifca": IFCA, "fesem": FeSEM, "flexcfl": FlexCFL}
+    "cfl": CFL, "flhc": FLHC, "ifca": IFCA, "fesem": FeSEM, "flexcfl": FlexCFL,
+    "pacfl": PACFL}

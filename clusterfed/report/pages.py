@@ -13,8 +13,8 @@ import yaml
 from clusterfed.algorithms import ALGORITHMS
 from clusterfed.clustering.metrics import score_text
 from clusterfed.errors import ConfigError
-from clusterfed.experiments.compare import format_table, table_rows
 from clusterfed.report import plots
+from clusterfed.report.tables import format_table, table_rows
 from clusterfed.report.truth import read_truth, rescored, score_rows
 from clusterfed.run_folder import read_jsonl
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from clusterfed.clustering.metrics import truth_figures
 from clusterfed.errors import ConfigError, DataError
 
 Record = Mapping[str, Any]
@@ -65,10 +66,6 @@ def rescored(summary: Record, metrics: Sequence[Record], events: Sequence[Record
     Each evaluated record gets ARI, NMI and per-true-cluster accuracy of the assignment in force
     at its round; a record whose round precedes every logged assignment is left as it was.
     """
-    # The runtime's own scoring, so a rescored record equals a recorded one; imported here so
-    # that reading a report without a truth file loads neither the runtime nor torch.
-    from clusterfed.sim.evaluation import truth_figures
-
     found = np.asarray(summary["clustering"]["assignment"], dtype=np.int64)
     check_length(truth, len(found), source)
     out = copy.deepcopy(dict(summary))

@@ -16,6 +16,7 @@ from clusterfed.data.federation import Federation
 from clusterfed.errors import ConfigError
 from clusterfed.models.flat import FlatModel
 from clusterfed.models.grouped import grouped_obstacle
+from clusterfed.sampling import clients_per_round
 from clusterfed.sim.executor import Executor, SequentialExecutor
 from clusterfed.sim.grouped import GroupedExecutor
 from clusterfed.sim.processes import (
@@ -24,7 +25,6 @@ from clusterfed.sim.processes import (
     state_obstacle,
     usable_cores,
 )
-from clusterfed.sim.sampling import clients_per_round
 from clusterfed.sim.vectorised import VectorisedExecutor
 
 log = logging.getLogger("clusterfed")

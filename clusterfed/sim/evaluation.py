@@ -8,27 +8,9 @@ from typing import Any
 import numpy as np
 
 from clusterfed.algorithms.base import ClusterView
-from clusterfed.clustering.metrics import has_truth, truth_scores
+from clusterfed.clustering.metrics import evaluated_mean, truth_figures
 
 log = logging.getLogger("clusterfed")
-
-
-def evaluated_mean(values: np.ndarray) -> float:
-    """The mean over the clients evaluated (NaN: a client a remote runtime could not reach, or
-    one without test data)."""
-    kept = values[~np.isnan(values)]
-    return float(kept.mean()) if len(kept) else float("nan")
-
-
-def truth_figures(accuracy: np.ndarray, found: np.ndarray, true_clusters: np.ndarray
-                  ) -> dict[str, Any]:
-    """The figures of a record that need the true clusters: ARI, NMI and the mean accuracy
-    of each true cluster; each None where the truth is unknown (own data)."""
-    per_true = None
-    if has_truth(true_clusters):
-        per_true = {str(int(k)): evaluated_mean(accuracy[true_clusters == k])
-                    for k in np.unique(true_clusters)}
-    return {"per_true_cluster_accuracy": per_true, **truth_scores(true_clusters, found)}
 
 
 def round_record(per_client: np.ndarray, view: ClusterView, true_clusters: np.ndarray,

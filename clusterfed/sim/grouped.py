@@ -9,7 +9,7 @@ stay about `ACTIVATION_FLOATS` (measured: larger groups fall out of the cache an
 
 Equality with the sequential executor (`client.work.train`), to float tolerance:
 
-- each task draws its batch order from its own generator (`sim.sampling.task_seed`) with the
+- each task draws its batch order from its own generator (`sampling.task_seed`) with the
   same `randperm` calls (`vectorised.batch_plan`);
 - clients of one TrainSpec train together whatever their sizes: sorted by step count, a
   client that has taken all its steps leaves the group (the group is a shrinking prefix);

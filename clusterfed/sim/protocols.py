@@ -22,8 +22,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from clusterfed.algorithms.base import ClusterView
+from clusterfed.clustering.metrics import evaluated_mean
 from clusterfed.errors import ConfigError
-from clusterfed.sim.evaluation import evaluated_mean, round_record
+from clusterfed.sim.evaluation import round_record
 from clusterfed.tasks import ClientResult, ClientTask, TaskKind, TrainSpec
 
 log = logging.getLogger("clusterfed")

@@ -1,6 +1,6 @@
 """Numpy arrays in shared memory, and records flattened to arrays plus small metadata.
 
-The process executor (`sim/processes.py`) moves three kinds of data between processes: the
+The process executor (`sim/processes/`) moves three kinds of data between processes: the
 clients' data (once per run), the arrays of a call's tasks (parameters, SCAFFOLD corrections)
 and the arrays of its results (updates, losses). Pickling them through a pipe would copy each
 array three times; here the writer copies it once into a shared-memory block and the reader

@@ -15,8 +15,8 @@ import torch
 from tqdm import tqdm
 
 from clusterfed.algorithms import ClusterView, RoundContext
-from clusterfed.algorithms.cfl.maths import separation_gap
 from clusterfed.algorithms.newcomers import newcomer_figures, newcomer_ids
+from clusterfed.clustering.bipartition import separation_gap
 from clusterfed.clustering.metrics import (
     grouping_scores,
     has_truth,
@@ -28,6 +28,7 @@ from clusterfed.clustering.metrics import (
 from clusterfed.data import Federation
 from clusterfed.errors import ConfigError
 from clusterfed.run_folder import RunFolder, read_config, read_jsonl
+from clusterfed.sampling import sample_clients
 from clusterfed.sim.build import (  # noqa: F401 (the building helpers, imported from here too)
     InitialModels,
     build_federation_for,
@@ -47,7 +48,6 @@ from clusterfed.sim.protocols import (
     no_mixture_message,
     run_protocol,
 )
-from clusterfed.sim.sampling import sample_clients
 from clusterfed.tasks import ClientResult, ClientTask, TaskKind, match_results, numbered
 from clusterfed.trackers import RunTrackers, check_trackers
 

@@ -9,7 +9,7 @@ already compute-bound, and the sequential executor stays the default there.
 
 Equality with the sequential executor (`client.work.train`), to float tolerance:
 
-- each task draws its batch order from the same generator (`sim.sampling.task_seed`), with the
+- each task draws its batch order from the same generator (`sampling.task_seed`), with the
   same `randperm` calls in the same order: one per epoch started;
 - clients are grouped by (train spec, number of local steps), so every client of a group takes
   the same steps; where their sizes differ, the shorter last batches are padded and masked, so

@@ -27,10 +27,17 @@ and a bipartition is kept only if the gamma estimated from the similarities them
 on the similarity averaged over `similarity_memory` rounds: noise in one round's updates does
 not persist, a cluster structure does. `acceptance="fixed"` is the paper's test (the paper
 presets use it). Once a bipartition is kept, each side is tested again in the same round on
-the similarities centred on it (`split_into="groups"`, an option with "estimated"), so a
+the similarities centred on it (`split_into="groups"`, the default with "estimated"), so a
 federation of several clusters splits in one round instead of one split per settled cluster,
-which under partial participation may take longer than the run; `split_into="two"`, the
-paper's, is the default until "groups" is measured beyond one seed (docs/benchmark.md).
+which under partial participation may take longer than the run; `split_into="two"` is the
+paper's, which the paper presets (and acceptance "fixed") use (measured: docs/benchmark.md).
+
+Under partial participation (split_on "latest") a round's test sees most members' updates
+repeated from earlier tests, and tested every round a settled cluster of one distribution
+sooner or later draws a bipartition past the margin by chance (MNIST label swap, 30 %: a true
+cluster of 10 split 6 / 4 at round 42). Such a split stands only once bipartitions that nest
+(one side of one inside a side of the other, as cuts of one tree of groups are) have been
+accepted on `confirmations` tests of the cluster in a row; noise draws crossing ones.
 
 What it can see: incongruent distributions, which no one model fits together, so that the
 clients' updates still point apart at the joint model's stationary point: concept shift
@@ -50,7 +57,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from clusterfed.algorithms.aggregate import aggregation_weights, cluster_fedavg, weighted_mean
+from clusterfed.algorithms.aggregate import (
+    Weighting,
+    aggregation_weights,
+    weighted_mean,
+)
 from clusterfed.algorithms.base import (
     ALGORITHMS,
     ClusterView,
@@ -60,14 +71,22 @@ from clusterfed.algorithms.base import (
     check_choices,
 )
 from clusterfed.algorithms.cfl import maths as cfl_math
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
+from clusterfed.algorithms.cfl.cache import latest_gram, latest_updates, remember_updates
+from clusterfed.algorithms.cfl.memory import remember_similarity
+from clusterfed.algorithms.cfl.tree import (
+    join_leaf,
+    leaf_index,
+    path_models,
+    remove_clients,
+    route_one_level,
+    split_leaf,
+)
 from clusterfed.clustering.similarity import (
     cosine_from_gram,
     cosine_similarity_matrix,
-    gram_matrix,
-    update_gram,
 )
 from clusterfed.state import serialisable
+from clusterfed.tasks import ClientResult, ClientTask, TaskKind
 
 NOT_JOINED = -1
 # split_into "groups" tests a side again only from this size: centring m directions pulls
@@ -117,6 +136,10 @@ class CFLState:
     # split_on "fresh": whether this run has said that a partial round blocks the split test
     # (kept here, not in the warnings registry, which other libraries' filters reset).
     warned_partial: bool = False
+    # split_on "latest", partial rounds: per leaf, the side (client ids) holding the first
+    # member of the bipartition accepted on the leaf's last tests, and on how many in a row.
+    accepted_sides: dict[int, np.ndarray] = field(default_factory=dict)
+    accepted_count: dict[int, int] = field(default_factory=dict)
 
 
 PARTIAL_ROUND_WARNING = (
@@ -124,10 +147,6 @@ PARTIAL_ROUND_WARNING = (
     "reports (spec A9), and some did not: under partial participation a cluster larger than "
     "a round's sample never splits. split_on=latest (the default) tests each member's latest "
     "update instead.")
-
-
-def _leaf_index(state: CFLState, node: int) -> int:
-    return int(np.flatnonzero(state.leaves == node)[0])
 
 
 @ALGORITHMS.register("cfl", report=".report")
@@ -146,19 +165,24 @@ class CFL:
     similarity_memory: int = 5          # "estimated": rounds the similarity is averaged over
     gamma_max: float = 0.1              # Eq. 39 ("fixed"); 0 accepts every split (authors' code)
     bipartition: str = "optimal"        # Algorithm 1, or "complete" linkage (authors' code)
-    weighting: str = "samples"          # FedAvg weights (A1); "uniform" as Algorithm 5 prints
+    weighting: Weighting = "samples"    # FedAvg weights (A1); "uniform" as Algorithm 5 prints
     mode: str = "alg5"                  # "alg3": children restart from theta*_parent (A5, A6)
     warmup_rounds: int = 0              # no split before this round (0-based)
     min_rounds_between_splits: int = 0  # per cluster, since the split that created it
     min_split_size: int = 2             # clusters smaller than this never split (A8)
-    # "groups" (default): an accepted bipartition's sides are tested again at once, on the
-    # same similarities centred on each side (`cfl_math.centred_similarity`), and split while
-    # the test holds, so the clusters come in one round; "two": one bipartition, each child
-    # tested only after it settles (the paper's Algorithm 5; the default and the paper
-    # presets'). "groups" needs acceptance "estimated" (a fixed gamma_max would accept a split
-    # of the centred noise of one distribution).
-    split_into: str = "two"
+    # "groups": an accepted bipartition's sides are tested again at once, on the same
+    # similarities centred on each side (`cfl_math.centred_similarity`), and split while the
+    # test holds, so the clusters come in one round; "two": one bipartition, each child
+    # tested only after it settles (the paper's Algorithm 5, the paper presets'). "groups"
+    # needs acceptance "estimated" (a fixed gamma_max would accept a split of the centred
+    # noise of one distribution). None (default): "groups" with "estimated", else "two".
+    split_into: str | None = None
     min_child_size: int = 1             # reject bipartitions with a smaller side
+    # split_on "latest": a test on a partial round (most members' latest updates repeated
+    # from earlier tests) splits only once nesting bipartitions have been accepted on this many
+    # of the leaf's tests in a row, each with new reports; noise draws crossing ones.
+    # None: 3 with split_into "groups", 1 with "two" (the paper's test, unchanged).
+    confirmations: int | None = None
     patience: int = 1                   # rounds in a row the norm criteria must hold (A4)
     similarity_from: str = "updates"    # or "gradients": full-batch gradients (Figs. 5, 6)
     # A9: "fresh" splits only on a round where every member reports (the paper assumes full
@@ -184,6 +208,9 @@ class CFL:
         if self.split_on is None:
             object.__setattr__(self, "split_on",
                                "fresh" if self.similarity_from == "gradients" else "latest")
+        if self.split_into is None:
+            object.__setattr__(self, "split_into",
+                               "groups" if self.acceptance == "estimated" else "two")
         check_choices(self, self._kinds)
         aggregation_weights(np.ones(1), self.weighting)
         if self.split_into == "groups" and self.acceptance != "estimated":
@@ -201,6 +228,11 @@ class CFL:
             raise ValueError("min_split_size must be at least 2")
         if self.patience < 1:
             raise ValueError("patience must be at least 1")
+        if self.confirmations is None:
+            object.__setattr__(self, "confirmations", 3 if self.split_into == "groups" else 1)
+        if isinstance(self.confirmations, bool) or not isinstance(self.confirmations, int) \
+                or self.confirmations < 1:
+            raise ValueError("confirmations must be at least 1")
         if self.split_on == "latest" and self.similarity_from == "gradients":
             raise ValueError("split_on='latest' tests cached updates; similarity_from="
                              "'gradients' needs every member's gradient at this round's model")
@@ -226,7 +258,7 @@ class CFL:
         tasks = []
         for c in ctx.sampled.tolist():
             if ctx.step == 0 and state.joined[c]:
-                k = _leaf_index(state, int(state.client_node[c]))
+                k = leaf_index(state, int(state.client_node[c]))
                 meta = {"leaf": int(state.leaves[k])}
                 tasks.append(ClientTask(c, TaskKind.TRAIN, state.models[k], ctx.train, meta))
                 if self.similarity_from == "gradients":   # Eq. 50, at the same model
@@ -294,7 +326,7 @@ class CFL:
                        gradients: dict[int, np.ndarray], rnd: int
                        ) -> tuple[CFLState, dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
         """FedAvg inside one cluster, then the split test of Algorithm 5 (lines 14-22)."""
-        k = _leaf_index(state, leaf)
+        k = leaf_index(state, leaf)
         results = sorted(results, key=lambda r: r.client)
         clients = np.array([r.client for r in results])
         updates = np.stack([r.update for r in results])
@@ -318,12 +350,12 @@ class CFL:
         # The cache starts at the leaf's first partial round: until then every member's
         # latest update is this round's, and a whole-participation run keeps none.
         if self.split_on == "latest" and not (everyone and leaf not in state.latest_updates):
-            state, complete = _remember_updates(state, leaf, clients, updates, samples, rnd)
+            state, complete = remember_updates(state, leaf, clients, updates, samples, rnd)
             if everyone:   # the test runs on this round's updates; the Gram would go stale
                 state = replace(state, latest_grams={
                     v: g for v, g in state.latest_grams.items() if v != leaf})
             if complete and not everyone:
-                split_updates, latest_samples, made = _latest_updates(state, leaf)
+                split_updates, latest_samples, made = latest_updates(state, leaf)
                 split_clients, from_latest, everyone = members, True, True
                 split_weights = aggregation_weights(latest_samples, self.weighting)
                 test_mean_norm, test_max_norm = _norms(
@@ -346,14 +378,15 @@ class CFL:
             diagnostics = {"similarity": similarity, "members": clients}
         tested, ready = diagnostics.get("similarity"), True
         if from_latest:
-            state, gram = _latest_gram(state, leaf, split_updates,
-                                       np.searchsorted(members, clients))
+            state, gram = latest_gram(state, leaf, split_updates,
+                                      np.searchsorted(members, clients))
             tested = cosine_from_gram(gram)
             bipartition = self._bipartition(tested)
         if self.acceptance == "estimated" and tested is not None and everyone:
             # Noise in one round's similarities averages out over rounds; a true cluster
             # structure persists. The split is tested on the average.
-            state, tested, ready = self._remember_similarity(state, leaf, tested)
+            state, tested, ready = remember_similarity(state, leaf, tested,
+                                                       self.similarity_memory)
             bipartition = self._bipartition(tested)
         # One noisy round must not split a cluster when patience asks for several (A4).
         held = everyone and self._wants_split(state, k, len(members), test_mean_norm, history,
@@ -363,6 +396,8 @@ class CFL:
         events = []
         if held and ready and streak >= self.patience and bipartition is not None:
             split, event = self._try_split(tested, bipartition, split_clients)
+            if from_latest:
+                state, split = self._confirmed(state, leaf, split, split_clients, event)
             if tested is not diagnostics.get("similarity") and not from_latest:
                 # the event shows this round's similarity too
                 event["averaged_similarity"] = event["similarity"]
@@ -410,17 +445,28 @@ class CFL:
                 events += more
         return state, events
 
-    def _remember_similarity(self, state: CFLState, leaf: int, similarity: np.ndarray
-                             ) -> tuple[CFLState, np.ndarray, bool]:
-        """The leaf's similarity, exponentially averaged over about `similarity_memory`
-        rounds, and whether it already holds that many rounds."""
-        rounds = state.similarity_rounds.get(leaf, 0) + 1
-        previous = state.similarities.get(leaf)
-        average = similarity if previous is None else previous + (
-            similarity - previous) * (2.0 / (self.similarity_memory + 1))
-        state = replace(state, similarities={**state.similarities, leaf: average},
-                        similarity_rounds={**state.similarity_rounds, leaf: rounds})
-        return state, average, rounds >= self.similarity_memory
+    def _confirmed(self, state: CFLState, leaf: int,
+                   split: tuple[np.ndarray, np.ndarray] | None, clients: np.ndarray,
+                   event: dict[str, Any]) -> tuple[CFLState, tuple[np.ndarray, ...] | None]:
+        """A split accepted on a partial round stands once bipartitions that nest (cuts of
+        one tree of groups: several true groups may be cut off in turn) have been accepted on
+        `confirmations` tests of the leaf in a row (counted here)."""
+        if split is None:
+            count, side = 0, None
+        else:
+            side = cfl_math.map_to_clients(clients, split[0])
+            previous = state.accepted_sides.get(leaf)
+            nested = previous is not None and cfl_math.bipartitions_nest(clients, previous, side)
+            count = state.accepted_count.get(leaf, 0) + 1 if nested else 1
+        sides = {v: x for v, x in state.accepted_sides.items() if v != leaf}
+        counts = {v: n for v, n in state.accepted_count.items() if v != leaf}
+        if side is not None:
+            sides[leaf], counts[leaf] = side, count
+        state = replace(state, accepted_sides=sides, accepted_count=counts)
+        if split is not None and count < self.confirmations:
+            event["reason"] = f"accepted on {count} of {self.confirmations} tests in a row"
+            return state, None
+        return state, split
 
     def _bipartition(self, similarity: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
         """Algorithm 1 (or complete linkage) and its alpha_cross_max (Eqs. 25, 17)."""
@@ -489,168 +535,7 @@ class CFL:
         return ClusterView(models, np.array([index[int(n)] for n in state.client_node]))
 
 
-# Pure functions on the tree -------------------------------------------------------------------
-
-
-def split_leaf(state: CFLState, leaf: int, parts: tuple[np.ndarray, np.ndarray],
-               updates: np.ndarray, weights: np.ndarray, rnd: int, *, restart: bool
-               ) -> CFLState:
-    """Replace a leaf by its two children; positions in `parts` index `updates` and members."""
-    state = _forget_similarity(state, [leaf])
-    k = _leaf_index(state, leaf)
-    parent_model = state.models[k]
-    members = state.nodes[leaf].members
-    nodes = list(state.nodes)
-    child_models = np.repeat(parent_model[None], len(parts), axis=0)
-    if not restart:
-        rows = np.concatenate(parts)
-        side = np.repeat(np.arange(len(parts)), [len(p) for p in parts])
-        child_models = cluster_fedavg(child_models, updates[rows], side, weights[rows])
-    child_ids = []
-    for part in parts:
-        # Map sub-matrix positions back to client ids (the authors' code gets this wrong).
-        child_members = np.sort(cfl_math.map_to_clients(members, part))
-        child_ids.append(len(nodes))
-        nodes.append(Node(members=child_members, parent=leaf,
-                          edge_updates=updates[part].astype(np.float32)))
-    nodes[leaf] = replace(nodes[leaf], children=tuple(child_ids), split_round=rnd,
-                          model=parent_model.copy())
-    client_node = state.client_node.copy()
-    for cid, node in zip(child_ids, nodes[-2:], strict=True):
-        client_node[node.members] = cid
-    keep = np.arange(len(state.leaves)) != k
-    return replace(
-        state, nodes=tuple(nodes),
-        max_norms={v: h for v, h in state.max_norms.items() if v != leaf},
-        streaks={v: s for v, s in state.streaks.items() if v != leaf},
-        leaves=np.concatenate([state.leaves[keep], child_ids]),
-        models=np.concatenate([state.models[keep], np.stack(child_models)]).astype(np.float32),
-        client_node=client_node,
-        last_split=np.concatenate([state.last_split[keep], [rnd, rnd]]))
-
-
-def route_one_level(state: CFLState, client: int, node: int, update: np.ndarray
-                    ) -> tuple[CFLState, dict[str, Any]]:
-    """Algorithm 4, one level: go to the child whose cached updates are most similar.
-
-    The printed box compares against Delta_(v->v1) and Delta_(v->v2); the intended edges are
-    the node's two children (spec 2.4). Ties go to the second child, as in the box.
-    """
-    v0, v1 = state.nodes[node].children
-    a0, a1 = (float(cosine_similarity_matrix(
-        np.concatenate([update[None], state.nodes[v].edge_updates]))[0, 1:].max())
-        for v in (v0, v1))
-    target = v0 if a0 > a1 else v1
-    client_node = state.client_node.copy()
-    client_node[client] = target
-    state = replace(state, client_node=client_node)
-    if not state.nodes[target].children:
-        state = join_leaf(state, client, target)
-    return state, {"type": "route", "client": client, "from": node, "to": target,
-                   "alpha": [a0, a1], "joined": bool(state.joined[client])}
-
-
-def join_leaf(state: CFLState, client: int, leaf: int) -> CFLState:
-    """A routed client joins `leaf` and the member lists of all its ancestors."""
-    state = _forget_similarity(state, [leaf])
-    nodes = list(state.nodes)
-    v = leaf
-    while v >= 0:
-        nodes[v] = replace(nodes[v], members=np.union1d(nodes[v].members, [client]))
-        v = nodes[v].parent
-    joined = state.joined.copy()
-    joined[client] = True
-    client_node = state.client_node.copy()
-    client_node[client] = leaf
-    return replace(state, nodes=tuple(nodes), joined=joined, client_node=client_node)
-
-
-def remove_clients(state: CFLState, clients: Sequence[int]) -> CFLState:
-    """Clients leave: they stop training and leave their leaf's member list (spec 2.8).
-
-    Cached edge updates stay: they remain valid evidence for routing newcomers.
-    """
-    state = _forget_similarity(state, state.leaves.tolist())
-    nodes = list(state.nodes)
-    for leaf in state.leaves.tolist():
-        nodes[leaf] = replace(nodes[leaf], members=np.setdiff1d(nodes[leaf].members, clients))
-    joined = state.joined.copy()
-    joined[list(clients)] = False
-    return replace(state, nodes=tuple(nodes), joined=joined)
-
-
 def _norms(mean_update: np.ndarray, updates: np.ndarray) -> tuple[float, float]:
     """The mean update's norm and the largest client update's (Eqs. 32, 33)."""
     return (float(np.linalg.norm(mean_update.astype(np.float64))),
             cfl_math.max_update_norm(updates))
-
-
-def _forget_similarity(state: CFLState, leaves: Sequence[int]) -> CFLState:
-    """Drop the per-member records (averaged similarities, latest updates) of leaves whose
-    members change: their rows would not match."""
-    def keep(records: dict[int, Any]) -> dict[int, Any]:
-        return {v: x for v, x in records.items() if v not in leaves}
-    return replace(state, similarities=keep(state.similarities),
-                   similarity_rounds=keep(state.similarity_rounds),
-                   latest_updates=keep(state.latest_updates),
-                   latest_rounds=keep(state.latest_rounds),
-                   latest_samples=keep(state.latest_samples),
-                   latest_grams=keep(state.latest_grams))
-
-
-def _remember_updates(state: CFLState, leaf: int, clients: np.ndarray, updates: np.ndarray,
-                      samples: np.ndarray, rnd: int) -> tuple[CFLState, bool]:
-    """Record this round's updates as the reporting members' latest (A9), and whether every
-    member now has one."""
-    members = state.nodes[leaf].members
-    if leaf in state.latest_rounds:
-        made = state.latest_rounds[leaf].copy()
-        sizes = state.latest_samples[leaf].copy()
-    else:
-        made = np.full(len(members), -1, dtype=np.int64)
-        sizes = np.zeros(len(members), dtype=np.int64)
-    cached = state.latest_updates.get(leaf, {})
-    if isinstance(cached, np.ndarray):   # a checkpoint from when rows were one array
-        cached = {int(c): row for c, row, r in zip(members.tolist(), cached, made, strict=True)
-                  if r >= 0}
-    cached = {**cached, **{c: u.astype(np.float32)
-                           for c, u in zip(clients.tolist(), updates, strict=True)}}
-    rows = np.searchsorted(members, clients)
-    made[rows], sizes[rows] = rnd, samples
-    state = replace(state, latest_updates={**state.latest_updates, leaf: cached},
-                    latest_rounds={**state.latest_rounds, leaf: made},
-                    latest_samples={**state.latest_samples, leaf: sizes})
-    return state, bool((made >= 0).all())
-
-
-def _latest_updates(state: CFLState, leaf: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every member's latest update (stacked in member order only here, when a split is tested
-    on them), their sample counts and the rounds they were made."""
-    rows = state.latest_updates[leaf]
-    return (np.stack([rows[c] for c in state.nodes[leaf].members.tolist()]),
-            state.latest_samples[leaf], state.latest_rounds[leaf])
-
-
-def _latest_gram(state: CFLState, leaf: int, latest: np.ndarray, changed: np.ndarray
-                 ) -> tuple[CFLState, np.ndarray]:
-    """The Gram matrix of the members' latest updates (`latest`, member order): whole the
-    first time, then only the rows at positions `changed`, this round's reporters (p m d work
-    a round where the whole matrix is m^2 d: at 10,000 members, 100 rows instead of 10,000)."""
-    previous = state.latest_grams.get(leaf)
-    gram = gram_matrix(latest) if previous is None else update_gram(previous, latest, changed)
-    return replace(state, latest_grams={**state.latest_grams, leaf: gram}), gram
-
-
-def path_models(state: CFLState, client: int) -> list[np.ndarray]:
-    """The models on a client's root-to-leaf path, most general first (the FL model first)."""
-    path = []
-    v = int(state.client_node[client])
-    while v >= 0:
-        path.append(v)
-        v = state.nodes[v].parent
-    path.reverse()
-    out = [state.nodes[v].model for v in path[:-1]]
-    leaf = path[-1]
-    out.append(state.models[_leaf_index(state, leaf)] if leaf in state.leaves
-               else state.nodes[leaf].model)
-    return out

@@ -7,10 +7,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from clusterfed.algorithms.aggregate import aggregation_weights, weighted_mean
+from clusterfed.algorithms.aggregate import Weighting, aggregation_weights, weighted_mean
 from clusterfed.algorithms.base import ALGORITHMS, ClusterView, RoundContext, Setup, Update
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
 from clusterfed.state import serialisable
+from clusterfed.tasks import ClientResult, ClientTask, TaskKind
 
 
 @serialisable
@@ -20,7 +20,7 @@ class FedAvgState:
     num_clients: int
 
 
-def apply_updates(model: np.ndarray, results: Sequence[ClientResult], weighting: str,
+def apply_updates(model: np.ndarray, results: Sequence[ClientResult], weighting: Weighting,
                   server_lr: float = 1.0) -> np.ndarray:
     """w <- w + eta * sum_k (n_k / n) Delta_k over the results' updates."""
     if not results:
@@ -33,7 +33,7 @@ def apply_updates(model: np.ndarray, results: Sequence[ClientResult], weighting:
 @ALGORITHMS.register("fedavg")
 @dataclass(frozen=True)
 class FedAvg:
-    weighting: str = "samples"   # or "uniform"
+    weighting: Weighting = "samples"  # or "uniform"
     server_lr: float = 1.0
 
     def __post_init__(self) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from clusterfed.algorithms.base import ALGORITHMS
 from clusterfed.algorithms.fedavg.algorithm import FedAvg, FedAvgState
-from clusterfed.client.tasks import TrainSpec
+from clusterfed.tasks import TrainSpec
 
 
 @ALGORITHMS.register("fedavg_ft")

@@ -29,7 +29,7 @@ Deviations, and why:
   evaluation protocols 'cluster' and 'local' test. The view carries pi as its mixture
   weights: `eval.protocol: mixture` tests the paper's prediction (each client computes its
   mixture on its own test data). The weights are also in each round's `fedem_weights` event.
-- M from the data (`components: null`, the default; the paper fixes M = 3): one model is
+- M from the data (`k_choice: {k: null}`, the default; the paper fixes M = 3): one model is
   trained by FedAvg for `select_round` rounds, then every client trains it once and the
   updates are clustered by the rule IFCA's `k: null` uses (`selection.clusters_of_updates`,
   FL+HC's silhouette cut); each cluster's model is a component, and each client's initial
@@ -51,7 +51,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from clusterfed.algorithms.aggregate import aggregation_weights, cluster_fedavg, results_fedavg
+from clusterfed.algorithms.aggregate import (
+    Weighting,
+    aggregation_weights,
+    cluster_fedavg,
+    results_fedavg,
+)
 from clusterfed.algorithms.base import (
     ALGORITHMS,
     ClusterView,
@@ -60,12 +65,11 @@ from clusterfed.algorithms.base import (
     Update,
     check_choices,
 )
-from clusterfed.algorithms.ifca.algorithm import NEVER, initial_models
+from clusterfed.algorithms.choices import NEVER, initial_models
+from clusterfed.algorithms.options import ClusterCount
 from clusterfed.algorithms.selection import clusters_of_updates
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
-from clusterfed.clustering.precomputed import NO_STRUCTURE
 from clusterfed.state import serialisable
-from clusterfed.tasks import LocalObjective, LossSpec
+from clusterfed.tasks import ClientResult, ClientTask, LocalObjective, LossSpec, TaskKind
 
 
 @serialisable
@@ -121,7 +125,7 @@ def confident_prior(labels: np.ndarray, m: int, confidence: float) -> np.ndarray
     return out
 
 
-def component_weights(num_samples: np.ndarray, pi: np.ndarray, weighting: str,
+def component_weights(num_samples: np.ndarray, pi: np.ndarray, weighting: Weighting,
                       aggregation: str) -> np.ndarray:
     """(m, M): each client's weight in each component's average: w_t (its n_t by default,
     line d), times pi_t,m for `aggregation: responsibilities`."""
@@ -136,26 +140,25 @@ def component_weights(num_samples: np.ndarray, pi: np.ndarray, weighting: str,
 @ALGORITHMS.register("fedem")
 @dataclass(frozen=True)
 class FedEM:
-    components: int | None = None       # M; None: from the data (the paper's default is 3)
-    select_round: int = 10              # None M: one model until this round (0-based) ...
-    min_silhouette: float = NO_STRUCTURE  # ... then its clusters, one below this
+    # M = k_choice.k (the old key `components`; the paper's default is 3); null: from the
+    # data, by the selector on the updates of round select_round's one model
+    k_choice: ClusterCount = ClusterCount()
+    select_round: int = 10              # M null: one model until this round (0-based)
     initial_pi: str = "clusters"        # M from the data: "clusters" or "uniform" (1/M)
     prior_confidence: float = 0.9       # "clusters": pi_t on the client's own cluster
-    weighting: str = "samples"          # w_t: n_t (Algorithm 1, line d) or "uniform"
+    weighting: Weighting = "samples"    # w_t: n_t (Algorithm 1, line d) or "uniform"
     aggregation: str = "samples"        # "samples": w_t; "responsibilities": w_t pi_t,m
     sees: ClassVar[frozenset[str]] = frozenset({"concept", "feature", "label"})
     toy_mixture_options: ClassVar[dict[str, Any] | None] = {"rounds": 8, "select_round": 3}
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
         "initial_pi": ("clusters", "uniform"), "aggregation": ("samples", "responsibilities")}
     _name: ClassVar[str] = "fedem"
+    k_aliases: ClassVar[dict[str, str]] = {"components": "k"}   # configs before `k_choice`
 
     def __post_init__(self) -> None:
         check_choices(self, self._kinds)
         aggregation_weights(np.ones(1), self.weighting)
-        if self.components is not None and (not isinstance(self.components, int)
-                                            or self.components < 1):
-            raise ValueError(f"components must be a positive integer or null, "
-                             f"got {self.components!r}")
+        object.__setattr__(self, "k_choice", ClusterCount.of(self.k_choice))
         if not isinstance(self.select_round, int) or self.select_round < 0:
             raise ValueError(f"select_round must be an integer >= 0, got {self.select_round!r}")
         if not 0.0 < self.prior_confidence <= 1.0:
@@ -164,15 +167,15 @@ class FedEM:
     # The lifecycle
 
     def init(self, setup: Setup) -> MixtureState:
-        n, m = setup.num_clients, self.components or 1
-        models = (setup.initial_params[None].astype(np.float32) if self.components is None
+        n, m = setup.num_clients, self.k_choice.k or 1
+        models = (setup.initial_params[None].astype(np.float32) if self.k_choice.k is None
                   else initial_models(setup, m, "random", 0.0))
         return MixtureState(models=models, pi=np.full((n, m), 1.0 / m),
                             seen_round=np.full(n, NEVER, dtype=np.int64),
                             q=np.zeros((0, m)), round_clients=np.zeros(0, dtype=np.int64),
                             round_sizes=np.zeros(0, dtype=np.int64),
                             label_counts=np.zeros((n, m, 0)),
-                            selected=self.components is not None)
+                            selected=self.k_choice.k is not None)
 
     def plan(self, state: MixtureState, ctx: RoundContext) -> list[ClientTask]:
         if not state.selected:   # FedAvg of one model; every client at the selection round
@@ -282,7 +285,7 @@ class FedEM:
         clients = np.array([x.client for x in results], dtype=np.int64)
         weights = aggregation_weights(np.array([x.num_samples for x in results]), self.weighting)
         found = clusters_of_updates(state.models[0], np.stack([x.update for x in results]),
-                                    weights, self.min_silhouette)
+                                    weights, self.k_choice)
         m, n = found.num_clusters, len(state.pi)
         labels = np.zeros(n, dtype=np.int64)   # a client that did not answer: cluster 0
         labels[clients] = found.labels

@@ -19,8 +19,8 @@ import numpy as np
 from clusterfed.algorithms.aggregate import aggregation_weights
 from clusterfed.algorithms.base import ALGORITHMS, RoundContext, Update
 from clusterfed.algorithms.fedavg.algorithm import FedAvg, FedAvgState
-from clusterfed.client.tasks import ClientResult, ClientTask
 from clusterfed.errors import ConfigError
+from clusterfed.tasks import ClientResult, ClientTask
 
 
 def local_step_norms(steps: np.ndarray, momentum: float) -> np.ndarray:

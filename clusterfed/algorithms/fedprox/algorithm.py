@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from clusterfed.algorithms.base import ALGORITHMS, RoundContext
 from clusterfed.algorithms.fedavg.algorithm import FedAvg, FedAvgState
-from clusterfed.client.tasks import ClientTask, LocalObjective, TaskKind
+from clusterfed.tasks import ClientTask, LocalObjective, TaskKind
 
 
 @ALGORITHMS.register("fedprox")

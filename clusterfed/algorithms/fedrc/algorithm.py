@@ -35,7 +35,7 @@ Deviations, and why:
   updates of one model, which also separate label shift; FedRC's E-step may then merge what
   the selection split by labels alone: on the quick benchmark (digits, 20 clients, 40
   rounds, seed 0) the four label groups ended in one component while label swap and rotation
-  kept four; in the 8-client, 8-round toy they stayed apart. `components: K` with random
+  kept four; in the 8-client, 8-round toy they stayed apart. `k_choice: {k: K}` with random
   starts is the paper's setting: there label-shifted clients share their components from the
   start (the test shows two label groups in one cluster where FedEM splits them).
 
@@ -57,7 +57,7 @@ from clusterfed.algorithms.fedem.algorithm import (
     log_weights,
     responsibilities,
 )
-from clusterfed.client.tasks import ClientResult
+from clusterfed.tasks import ClientResult
 
 # The mathematics, as pure functions --------------------------------------------------------
 

@@ -44,9 +44,10 @@ Deviations, and why:
 - sigma: the paper's max(n_{c,s}/n_c, sigma); the authors' code replaces only zero counts by
   sigma. Both agree whenever sigma < 1/n_c (every non-zero share is at least 1/n_c), which
   holds for the default 1e-4.
-- S from the data (`k: null`, the default; the paper fixes S, which stays the option
-  `k: S`). As IFCA's `k: null`: one model (FedAvg) for `select_round` rounds, then every
-  client trains it once and FL+HC's silhouette rule clusters the updates
+- S from the data (`k_choice: {k: null}`, the default; the paper fixes S, which stays the
+  option `k_choice: {k: S}`). As IFCA's: one model (FedAvg) for `select_round` rounds, then
+  every client trains it once and the k_choice selector (by default FL+HC's silhouette rule)
+  clusters the updates
   (`selection.clusters_of_updates`); each cluster's centre starts at the global model plus its
   members' mean update, each client's personal model at its own trained model, and its u at its
   cluster (1, the others sigma) until its next estimation. With S given, the centres start at
@@ -94,11 +95,10 @@ import numpy as np
 
 from clusterfed.algorithms.aggregate import aggregation_weights, cluster_fedavg
 from clusterfed.algorithms.base import ALGORITHMS, ClusterView, RoundContext, Setup, Update
+from clusterfed.algorithms.options import ClusterCount
 from clusterfed.algorithms.selection import clusters_of_updates
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
-from clusterfed.clustering.precomputed import NO_STRUCTURE
 from clusterfed.state import serialisable
-from clusterfed.tasks import LocalObjective, LossSpec
+from clusterfed.tasks import ClientResult, ClientTask, LocalObjective, LossSpec, TaskKind
 
 NEVER = -1
 LOCAL_STARTS = ("personal", "anchor")
@@ -188,9 +188,10 @@ def centre_update(centres: np.ndarray, weights: np.ndarray, models: np.ndarray) 
 @ALGORITHMS.register("fedsoft")
 @dataclass(frozen=True)
 class FedSoft:
-    k: int | None = None                # S, the number of centres; None: from the data
-    select_round: int = 10              # S None: one model until this round (0-based) ...
-    min_silhouette: float = NO_STRUCTURE  # ... then its clusters, one below this
+    # S, the number of centres (k_choice.k); null: from the data, by the selector on the
+    # updates of round select_round's one model
+    k_choice: ClusterCount = ClusterCount()
+    select_round: int = 10              # S null: one model until this round (0-based)
     tau: int = 5                        # estimation period (the authors' main.py: 2; see
                                         # the module docstring)
     lam: float = 0.1                    # lambda, the proximal weight (authors' MNIST: 0.1)
@@ -202,9 +203,7 @@ class FedSoft:
     toy_mixture_options: ClassVar[dict[str, Any] | None] = {"rounds": 8, "select_round": 4}
 
     def __post_init__(self) -> None:
-        if self.k is not None and (not isinstance(self.k, int)
-                                          or self.k < 1):
-            raise ValueError(f"k must be a positive integer or null, got {self.k!r}")
+        object.__setattr__(self, "k_choice", ClusterCount.of(self.k_choice))
         if not isinstance(self.select_round, int) or self.select_round < 0:
             raise ValueError(f"select_round must be an integer >= 0, got {self.select_round!r}")
         if not isinstance(self.tau, int) or self.tau < 1:
@@ -227,9 +226,9 @@ class FedSoft:
                              f"got {self.selection_size!r}")
 
     def init(self, setup: Setup) -> FedSoftState:
-        n, s = setup.num_clients, self.k or 1
+        n, s = setup.num_clients, self.k_choice.k or 1
         first = setup.initial_params.astype(np.float32)
-        if self.k is None:
+        if self.k_choice.k is None:
             centres = first[None].copy()
         elif setup.draw_initial is None:
             raise ValueError("fedsoft with k given starts its centres from the model's "
@@ -242,7 +241,7 @@ class FedSoft:
                             estimated=np.full(n, NEVER, dtype=np.int64),
                             num_samples=np.asarray(setup.num_samples, dtype=np.int64),
                             seed=int(setup.seed),
-                            selected=self.k is not None)
+                            selected=self.k_choice.k is not None)
 
     # Planning -----------------------------------------------------------------------------
 
@@ -326,7 +325,7 @@ class FedSoft:
         clients = np.array([x.client for x in results], dtype=np.int64)
         updates = np.stack([x.update for x in results])
         weights = aggregation_weights(np.array([x.num_samples for x in results]), "samples")
-        tree = clusters_of_updates(state.centres[0], updates, weights, self.min_silhouette)
+        tree = clusters_of_updates(state.centres[0], updates, weights, self.k_choice)
         centres = tree.models
         n, s = len(state.personal), tree.num_clusters
         importance = np.full((n, s), 1.0 / s)

@@ -58,7 +58,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from clusterfed.algorithms.aggregate import aggregation_weights, results_fedavg, weighted_mean
+from clusterfed.algorithms.aggregate import (
+    Weighting,
+    aggregation_weights,
+    results_fedavg,
+    weighted_mean,
+)
 from clusterfed.algorithms.base import (
     ALGORITHMS,
     ClusterView,
@@ -67,12 +72,12 @@ from clusterfed.algorithms.base import (
     Update,
     check_choices,
 )
-from clusterfed.algorithms.ifca.algorithm import NEVER, initial_models, served_clusters
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
-from clusterfed.clustering.kmeans import K_MAX, kmeans_clusters
-from clusterfed.clustering.precomputed import NO_STRUCTURE
+from clusterfed.algorithms.choices import NEVER, initial_models, served_clusters
+from clusterfed.algorithms.options import ClusterCount
+from clusterfed.clustering.kmeans import kmeans_clusters
 from clusterfed.clustering.similarity import euclidean_distance_matrix
 from clusterfed.state import serialisable
+from clusterfed.tasks import ClientResult, ClientTask, TaskKind
 
 
 @serialisable
@@ -125,13 +130,13 @@ def multi_center_loss(distances: np.ndarray, assignment: np.ndarray) -> float:
 @ALGORITHMS.register("fesem")
 @dataclass(frozen=True)
 class FeSEM:
-    k: int | None = None                 # K centres; None: from the data (module docstring)
+    # K centres (k_choice.k); null: from the data, by the selector on the squared L2 between
+    # the clients' models (module docstring)
+    k_choice: ClusterCount = ClusterCount()
     initialisation: str = "clients"      # "clients": K-means of one round of local models;
                                          # "random": K draws of the model's init (the paper)
     select_round: int = 10               # "clients": FedAvg until this round, then K-means
-    min_silhouette: float = NO_STRUCTURE  # k None: a cluster needs this mean silhouette
-    k_max: int = K_MAX                   # k None: the most clusters considered
-    weighting: str = "uniform"           # M-step weights: the paper's plain mean, or "samples"
+    weighting: Weighting = "uniform"     # M-step weights: the paper's plain mean, or "samples"
     sees: ClassVar[frozenset[str]] = frozenset({"concept", "feature", "label"})
     toy_mixture_options: ClassVar[dict[str, Any] | None] = {"rounds": 12}
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {"initialisation": ("clients", "random")}
@@ -139,30 +144,24 @@ class FeSEM:
     def __post_init__(self) -> None:
         check_choices(self, self._kinds)
         aggregation_weights(np.ones(1), self.weighting)
-        if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, int)
-                                   or self.k < 1):
-            raise ValueError(f"k must be a positive integer or null, got {self.k!r}")
-        if self.k is None and self.initialisation == "random":
+        object.__setattr__(self, "k_choice", ClusterCount.of(self.k_choice))
+        if self.k_choice.k is None and self.initialisation == "random":
             raise ValueError("initialisation 'random' draws k centres: give k (or use "
                              "initialisation 'clients' to find k from the data)")
         if isinstance(self.select_round, bool) or not isinstance(self.select_round, int) \
                 or self.select_round < 0:
             raise ValueError(f"select_round must be an integer >= 0, got {self.select_round!r}")
-        if not isinstance(self.k_max, int) or self.k_max < 2:
-            raise ValueError(f"k_max must be an integer >= 2, got {self.k_max!r}")
-        if not -1.0 <= self.min_silhouette <= 1.0:
-            raise ValueError(f"min_silhouette must be in [-1, 1], got {self.min_silhouette!r}")
 
     def init(self, setup: Setup) -> FeSEMState:
         first = setup.initial_params.astype(np.float32)
         assignment = np.full(setup.num_clients, NEVER, dtype=np.int64)
         if self.initialisation == "random":
-            assert self.k is not None
+            assert self.k_choice.k is not None
             if setup.draw_initial is None:
                 raise ValueError("initialisation 'random' needs the runtime to draw "
                                  "initialisations (Setup.draw_initial); use 'clients'")
-            return FeSEMState(initial_models(setup, self.k, "random", 0.0), assignment, first,
-                              setup.seed)
+            return FeSEMState(initial_models(setup, self.k_choice.k, "random", 0.0), assignment,
+                              first, setup.seed)
         return FeSEMState(first[None].copy(), assignment, first, setup.seed, selected=False)
 
     def _selecting(self, state: FeSEMState, ctx: RoundContext) -> bool:
@@ -222,7 +221,7 @@ class FeSEM:
         # L2 between local models from one start is L2 between their updates (less rounding).
         # K is judged on squared L2, the dissimilarity K-means minimises (module docstring).
         labels = kmeans_clusters(updates, euclidean_distance_matrix(updates) ** 2, state.seed,
-                                 self.k, self.k_max, self.min_silhouette)
+                                 self.k_choice.k, self.k_choice.choose)
         k = int(labels.max()) + 1
         models = (state.base[None] + updates).astype(np.float32)
         weights = aggregation_weights(np.array([x.num_samples for x in results]), self.weighting)

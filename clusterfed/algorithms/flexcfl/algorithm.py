@@ -38,8 +38,12 @@ Deviations, and why:
   initial model separate rotations and label groups but not label swaps (ARI 0.43 with the
   true k = 4), while after five FedAvg rounds the EDC groups recover all three.
 - The pre-training set. The paper draws alpha * m clients from all; here they are (up to
-  alpha * m, alpha * k_max with k from the data) the sampled clients of the cold-start round,
-  so a round asks only sampled clients; the others join later by client cold start.
+  alpha * m, alpha * k_max with k from the data) sampled clients, so a round asks only sampled
+  clients; the others join later by client cold start. Under sampling one round's sample holds
+  too few members of each cluster (30 % of 40 clients in 4 clusters: one cluster had a single
+  member and was merged), so the pre-training updates, all from w_0 and so comparable, are
+  pooled over `pretrain_rounds` rounds (default ceil(n / clients a round), fewer once alpha * m
+  clients have pre-trained); the federation does not train meanwhile.
   Pre-training is one round of the run's local training (`train`); the authors' code
   (morningD/FlexCFL, flearn/trainer/fedgroup.py) pre-trains 50 mini-batch steps at the
   client's batch size (`pretrain(init_params, iterations=50)`), whatever the local epochs.
@@ -74,7 +78,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from clusterfed.algorithms.aggregate import aggregation_weights, cluster_fedavg, results_fedavg
+from clusterfed.algorithms.aggregate import (
+    Weighting,
+    aggregation_weights,
+    cluster_fedavg,
+    results_fedavg,
+)
 from clusterfed.algorithms.base import (
     ALGORITHMS,
     ClusterView,
@@ -83,12 +92,12 @@ from clusterfed.algorithms.base import (
     Update,
     check_choices,
 )
-from clusterfed.algorithms.ifca.algorithm import served_clusters
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
-from clusterfed.clustering.kmeans import K_MAX, kmeans_labels
-from clusterfed.clustering.precomputed import NO_STRUCTURE, substantial_clusters
+from clusterfed.algorithms.choices import served_clusters
+from clusterfed.algorithms.options import ClusterCount
+from clusterfed.clustering.kmeans import kmeans_labels
 from clusterfed.clustering.similarity import gram_matrix
 from clusterfed.state import serialisable
+from clusterfed.tasks import ClientResult, ClientTask, TaskKind
 
 NONE = -1
 _PRETRAIN_TAG = 0xF1EC
@@ -105,6 +114,12 @@ class FlexCFLState:
     initial: np.ndarray      # (d,) w_0, where every pre-training starts
     seed: int
     grouped: bool = False    # whether the group cold start has happened
+    # Before it, under sampling: the pre-training updates pooled over rounds (client ids,
+    # updates, sample counts; a client sampled again replaces its row) and rounds pooled.
+    pool_clients: np.ndarray | None = None
+    pool_updates: np.ndarray | None = None
+    pool_samples: np.ndarray | None = None
+    pool_rounds: int = 0
 
 
 # The mathematics, as pure functions --------------------------------------------------------
@@ -147,19 +162,37 @@ def cold_start_groups(updates: np.ndarray, directions: np.ndarray) -> np.ndarray
     return np.argmin(cosine_dissimilarity(updates, directions), axis=1).astype(np.int64)
 
 
-def group_labels(updates: np.ndarray, k: int | None, seed: int, k_max: int = K_MAX,
-                 min_silhouette: float = NO_STRUCTURE) -> np.ndarray:
-    """The group cold start's clustering: K-means++ on the DCS of m = k directions; k None: the
-    most groups whose every one is substantial on the updates' cosine distances."""
+def group_labels(updates: np.ndarray, count: ClusterCount, seed: int) -> np.ndarray:
+    """The group cold start's clustering: K-means++ on the DCS of m = k directions; k null:
+    m by the selector (by default the most groups whose every one is substantial)."""
     def labels_for(m: int) -> np.ndarray:
         return kmeans_labels(decomposed_cosine_similarity(updates, m), m, seed)
 
-    if k is not None:
-        return labels_for(min(k, len(updates)))
+    if count.k is not None:
+        return labels_for(min(count.k, len(updates)))
     # One matrix judges every k: EDC over k_max directions (all the structure K-means may see).
-    judge = edc_matrix(decomposed_cosine_similarity(updates, min(k_max, len(updates))))
-    labels, _ = substantial_clusters(judge, labels_for, k_max, min_silhouette)
-    return labels
+    judge = edc_matrix(decomposed_cosine_similarity(updates, min(count.k_max, len(updates))))
+    return count.choose(judge, labels_for)
+
+
+def pool_pretraining(pool: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+                     clients: np.ndarray, updates: np.ndarray, samples: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pooled pre-training updates (client ids sorted, updates, sample counts) with this
+    round's added; a client already pooled keeps only its newest update (both start at w_0)."""
+    if pool is None:
+        return clients.copy(), updates.copy(), samples.copy()
+    old = ~np.isin(pool[0], clients)
+    ids = np.concatenate([pool[0][old], clients])
+    order = np.argsort(ids, kind="stable")
+    return (ids[order], np.concatenate([pool[1][old], updates])[order],
+            np.concatenate([pool[2][old], samples])[order])
+
+
+def pretrain_rounds(num_clients: int, sampled: int) -> int:
+    """Rounds the group cold start pools: one full participation's worth of reports,
+    ceil(n / sampled), which reaches 1 - 1/e (63 %) of the clients under uniform sampling."""
+    return -(-num_clients // max(sampled, 1))
 
 
 def inter_group_updates(updates: np.ndarray, eta: float) -> np.ndarray:
@@ -200,17 +233,21 @@ def step_temperature(temperature: np.ndarray, client_bias: np.ndarray, group_bia
 @ALGORITHMS.register("flexcfl")
 @dataclass(frozen=True)
 class FlexCFL:
-    k: int | None = None                 # m groups; None: from the data (module docstring)
+    # m groups (k_choice.k); null: from the data, by the selector (module docstring)
+    k_choice: ClusterCount = ClusterCount()
     warmup_rounds: int = 5               # FedAvg rounds before the group cold start (paper: 0)
     pretrain_scale: int = 20             # alpha: the group cold start clusters alpha * m clients
-    k_max: int = K_MAX                   # k None: the most groups considered
-    min_silhouette: float = NO_STRUCTURE  # k None: a group needs this mean silhouette
+    # Rounds of sampled clients' pre-training pooled for the group cold start, or fewer once
+    # alpha * m clients have pre-trained (the paper's cold-start set); None: ceil(n / clients
+    # a round), one round under full participation. One round's sample of a sampled
+    # federation holds too few members of each cluster to group them.
+    pretrain_rounds: int | None = None
     group_lr: float = 0.0                # eta, inter-group aggregation; 0: none
     inter_group: str = "updates"         # the paper's mixing of updates, or "params" (code)
     direction: str = "total"             # a group's direction: w_g - w_0, or "latest" update
     migration: bool = True               # cold-start drifted clients again (temperature rule)
     max_temperature: int = 4             # rounds above the group's mean before migrating
-    weighting: str = "samples"           # intra-group FedAvg weights: samples | uniform
+    weighting: Weighting = "samples"     # intra-group FedAvg weights: samples | uniform
     sees: ClassVar[frozenset[str]] = frozenset({"concept", "feature", "label"})
     toy_mixture_options: ClassVar[dict[str, Any] | None] = {"rounds": 8}
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -222,18 +259,20 @@ class FlexCFL:
         if isinstance(self.warmup_rounds, bool) or not isinstance(self.warmup_rounds, int) \
                 or self.warmup_rounds < 0:
             raise ValueError(f"warmup_rounds must be an integer >= 0, got {self.warmup_rounds!r}")
-        for name in ("k", "pretrain_scale", "max_temperature"):
+        object.__setattr__(self, "k_choice", ClusterCount.of(self.k_choice))
+        for name in ("pretrain_scale", "max_temperature", "pretrain_rounds"):
             value = getattr(self, name)
-            if value is None and name == "k":
+            if value is None and name == "pretrain_rounds":
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not isinstance(self.k_max, int) or self.k_max < 2:
-            raise ValueError(f"k_max must be an integer >= 2, got {self.k_max!r}")
         if not self.group_lr >= 0:
             raise ValueError(f"group_lr (eta) must be >= 0, got {self.group_lr!r}")
-        if not -1.0 <= self.min_silhouette <= 1.0:
-            raise ValueError(f"min_silhouette must be in [-1, 1], got {self.min_silhouette!r}")
+
+    @property
+    def cold_start_size(self) -> int:
+        """alpha * m: the pre-trained clients the group cold start clusters (m: k, else k_max)."""
+        return self.pretrain_scale * (self.k_choice.k or self.k_choice.k_max)
 
     def init(self, setup: Setup) -> FlexCFLState:
         n, first = setup.num_clients, setup.initial_params.astype(np.float32)
@@ -280,9 +319,16 @@ class FlexCFL:
         metrics: dict[str, Any] = {}
         clients = np.array([x.client for x in results], dtype=np.int64)
         updates = np.stack([x.update for x in results]) if results else np.zeros((0, 1))
-        rest = np.ones(len(results), dtype=bool)
+        samples = np.array([x.num_samples for x in results], dtype=np.int64)
         if not state.grouped and len(results):
-            state, chosen, event = self._group_cold_start(state, ctx, clients, updates, results)
+            state, pooled = self._pool(state, ctx, clients, updates, samples)
+            if pooled is None:
+                return Update(state, {"flexcfl": {"pooled": len(state.pool_clients)}},
+                              [{"type": "flexcfl_pooled", "clients": clients.tolist()}])
+            clients, updates, samples = pooled
+        rest = np.ones(len(clients), dtype=bool)
+        if not state.grouped and len(clients):
+            state, chosen, event = self._group_cold_start(state, ctx, clients, updates, samples)
             rest[chosen] = False
             events.append(event)
             metrics["k_selected"] = len(state.models)
@@ -302,18 +348,32 @@ class FlexCFL:
         metrics["cold_started"] = int(len(results))
         return Update(state, {"flexcfl": metrics}, events, round_done=False)
 
+    def _pool(self, state: FlexCFLState, ctx: RoundContext, clients: np.ndarray,
+              updates: np.ndarray, samples: np.ndarray
+              ) -> tuple[FlexCFLState, tuple[np.ndarray, ...] | None]:
+        """Pool this round's pre-training; the pool once it holds `pretrain_rounds` rounds or
+        alpha * m clients."""
+        previous = None if state.pool_clients is None else (
+            state.pool_clients, state.pool_updates, state.pool_samples)
+        pool = pool_pretraining(previous, clients, updates, samples)
+        rounds = state.pool_rounds + 1
+        wanted = self.pretrain_rounds or pretrain_rounds(len(state.group), len(ctx.sampled))
+        if rounds < wanted and len(pool[0]) < self.cold_start_size:
+            return replace(state, pool_clients=pool[0], pool_updates=pool[1],
+                           pool_samples=pool[2], pool_rounds=rounds), None
+        return replace(state, pool_clients=None, pool_updates=None, pool_samples=None,
+                       pool_rounds=rounds), pool
+
     def _group_cold_start(self, state: FlexCFLState, ctx: RoundContext, clients: np.ndarray,
-                          updates: np.ndarray, results: Sequence[ClientResult]
+                          updates: np.ndarray, samples: np.ndarray
                           ) -> tuple[FlexCFLState, np.ndarray, dict[str, Any]]:
         """K-means on the DCS of alpha * m pre-trained clients: the groups and their models."""
-        size = self.pretrain_scale * (self.k or self.k_max)
+        size = self.cold_start_size
         rng = np.random.default_rng([state.seed, ctx.round, _PRETRAIN_TAG])
         chosen = np.sort(rng.permutation(len(clients))[:size])
-        labels = group_labels(updates[chosen], self.k, state.seed, self.k_max,
-                              self.min_silhouette)
+        labels = group_labels(updates[chosen], self.k_choice, state.seed)
         m = int(labels.max()) + 1
-        weights = aggregation_weights(np.array([results[i].num_samples for i in chosen]),
-                                      self.weighting)
+        weights = aggregation_weights(samples[chosen], self.weighting)
         base = np.repeat(state.initial[None], m, axis=0)
         models = cluster_fedavg(base, updates[chosen], labels, weights)
         group, cold = state.group.copy(), state.cold.copy()

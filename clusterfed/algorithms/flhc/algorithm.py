@@ -30,7 +30,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from clusterfed.algorithms.aggregate import aggregation_weights, cluster_fedavg, results_fedavg
+from clusterfed.algorithms.aggregate import (
+    Weighting,
+    aggregation_weights,
+    cluster_fedavg,
+    results_fedavg,
+)
 from clusterfed.algorithms.base import (
     ALGORITHMS,
     ClusterView,
@@ -39,9 +44,9 @@ from clusterfed.algorithms.base import (
     Update,
     check_choices,
 )
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
 from clusterfed.clustering import hierarchical as hc
 from clusterfed.state import serialisable
+from clusterfed.tasks import ClientResult, ClientTask, TaskKind
 
 _CLUSTER_SAMPLE_TAG = 0x4C48
 
@@ -99,9 +104,9 @@ class FLHC:
     reuse_clustering_updates: bool = False   # A4: clusters start from their clustering round
     participation: float | None = None   # C inside clusters; None: the run's sampled fraction
     cluster_rounding: str = "floor"      # A5: floor | round
-    weighting: str = "samples"           # FedAvg weights: samples | uniform
+    weighting: Weighting = "samples"     # FedAvg weights: samples | uniform
     # Every metric's distances of the clustering round in its event, so each metric x linkage
-    # x tau of Tables IV/V can be cut from one run (flhc/pairings.py).
+    # x tau of Tables IV/V can be cut from one run (experiments/flhc_pairings.py).
     record_distances: bool = False
     # A partition fixed in advance (one cluster index per client): the clustering round trains
     # nothing and assigns it, so a partition found by another pairing continues exactly as it

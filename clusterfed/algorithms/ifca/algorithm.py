@@ -30,12 +30,12 @@ clients are split into k random groups of equal size (one split per set), and fo
 rounds each sampled client trains its group's model with no choice; IFCA's choices start at
 round W, from k models that all learnt something.
 
-k from the data (`k: null`, the default; an extension, the paper fixes k): the federation
-first trains one model for `select_round` rounds (FedAvg, as the warm-up above with one group);
-then every client trains it once and the server clusters those updates as FL+HC's default
-does (average linkage on cosine distances, cut into the most clusters of which every one has
-a mean silhouette of at least `min_silhouette`, else one: `selection.clusters_of_updates`,
-shared with FedEM and FedRC).
+k from the data (`k_choice: {k: null}`, the default; an extension, the paper fixes k): the
+federation first trains one model for `select_round` rounds (FedAvg, as the warm-up above with
+one group); then every client trains it once and the server clusters those updates as FL+HC's
+default does (average linkage on cosine distances, cut into the K the k_choice selector
+chooses, by default the most clusters of which every one has a mean silhouette of at least
+`min_silhouette`, else one: `selection.clusters_of_updates`, shared with FedEM and FedRC).
 Each cluster found starts its model from the global model plus its members' mean update, and
 IFCA goes on from those k models, every client choosing its model by loss each round as above.
 This start is the authors' trained initialisation with groups found in the data instead of
@@ -65,7 +65,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from clusterfed.algorithms.aggregate import aggregation_weights, cluster_fedavg
+from clusterfed.algorithms.aggregate import Weighting, aggregation_weights, cluster_fedavg
 from clusterfed.algorithms.base import (
     ALGORITHMS,
     ClusterView,
@@ -74,14 +74,13 @@ from clusterfed.algorithms.base import (
     Update,
     check_choices,
 )
+from clusterfed.algorithms.choices import NEVER, initial_models, served_clusters
+from clusterfed.algorithms.options import ClusterCount
 from clusterfed.algorithms.selection import clusters_of_updates
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
 from clusterfed.clustering.metrics import one_hot
-from clusterfed.clustering.precomputed import NO_STRUCTURE
 from clusterfed.state import serialisable
+from clusterfed.tasks import ClientResult, ClientTask, TaskKind
 
-NEVER = -1
-_NOISE_TAG = 0x1FCA
 _GROUP_TAG = 0x6A0B
 
 
@@ -133,26 +132,6 @@ def gradient_step(models: np.ndarray, gradients: np.ndarray, choice: np.ndarray,
     return out.astype(np.float32)
 
 
-def initial_models(setup: Setup, count: int, rule: str, noise: float) -> np.ndarray:
-    """`count` starting models (count x d) by the initialisation rule (module docstring)."""
-    first = setup.initial_params.astype(np.float32)
-    if rule == "identical":
-        return np.repeat(first[None], count, axis=0)
-    if rule == "perturbed":
-        rng = np.random.default_rng([setup.seed, _NOISE_TAG])
-        rms = float(np.sqrt(np.mean(first.astype(np.float64) ** 2))) or 1.0
-        eps = rng.standard_normal((count, len(first)))
-        return (first[None] + noise * rms * eps).astype(np.float32)
-    if setup.draw_initial is None:
-        raise ValueError("initialisation 'random' needs the runtime to draw initialisations "
-                         "(Setup.draw_initial); use initialisation 'perturbed'")
-    out = np.stack([np.asarray(setup.draw_initial(i), dtype=np.float32) for i in range(count)])
-    if count > 1 and len({row.tobytes() for row in out}) < count:
-        raise ValueError("initialisation 'random' drew identical models: the model has no "
-                         "reset_parameters to draw from; use initialisation 'perturbed'")
-    return out
-
-
 def random_groups(num_clients: int, k: int, rng: np.random.Generator) -> np.ndarray:
     """A random split of the clients into k groups of sizes differing by at most one."""
     groups = np.empty(num_clients, dtype=np.int64)
@@ -166,12 +145,13 @@ def random_groups(num_clients: int, k: int, rng: np.random.Generator) -> np.ndar
 @ALGORITHMS.register("ifca", report=".report")
 @dataclass(frozen=True)
 class IFCA:
-    k: int | None = None                # number of cluster models; None: from the data
-    select_round: int = 10              # k None: one model until this round (0-based) ...
-    min_silhouette: float = NO_STRUCTURE  # ... then its clusters, one below this
+    # k cluster models; k null: from the data, by the selector on the updates of round
+    # select_round's one model (module docstring)
+    k_choice: ClusterCount = ClusterCount()
+    select_round: int = 10              # starts from updates: one model until this round
     aggregate: str = "models"           # option II; "gradients": option I
     gradient_scale: str = "participants"  # option I: gamma / m over participants, or "cluster"
-    weighting: str = "samples"          # w_i: local sample counts, or "uniform" (the paper's)
+    weighting: Weighting = "samples"    # w_i: local sample counts, or "uniform" (the paper's)
     # "updates" (k given: k clusters of one round of updates after select_round rounds of one
     # model) | "random" (the paper's) | "perturbed" | "identical" (the bug); not `init`, which
     # is the method. k from the data always starts from updates.
@@ -195,8 +175,7 @@ class IFCA:
     def __post_init__(self) -> None:
         check_choices(self, self._kinds)
         aggregation_weights(np.ones(1), self.weighting)
-        if self.k is not None and (not isinstance(self.k, int) or self.k < 1):
-            raise ValueError(f"k must be a positive integer or null, got {self.k!r}")
+        object.__setattr__(self, "k_choice", ClusterCount.of(self.k_choice))
         if self.restarts is not None and (not isinstance(self.restarts, int)
                                           or self.restarts < 1):
             raise ValueError(f"restarts must be a positive integer, got {self.restarts!r}")
@@ -217,7 +196,7 @@ class IFCA:
     @property
     def from_updates(self) -> bool:
         """Whether the k models start from clusters of one round of updates of one model."""
-        return self.k is None or self.initialisation == "updates"
+        return self.k_choice.k is None or self.initialisation == "updates"
 
     @property
     def sets(self) -> int:
@@ -233,7 +212,7 @@ class IFCA:
 
     def init(self, setup: Setup) -> IFCAState:
         r, n = self.sets, setup.num_clients
-        k = 1 if self.from_updates else int(self.k or 1)
+        k = 1 if self.from_updates else int(self.k_choice.k or 1)
         # Starts from updates begin with the one initial model; the clusters come later.
         models = (setup.initial_params[None].astype(np.float32) if self.from_updates else
                   initial_models(setup, r * k, self.initialisation, self.init_noise))
@@ -351,13 +330,14 @@ class IFCA:
         clients = np.array([x.client for x in results], dtype=np.int64)
         weights = aggregation_weights(np.array([x.num_samples for x in results]), self.weighting)
         found = clusters_of_updates(state.models[0, 0], np.stack([x.update for x in results]),
-                                    weights, self.min_silhouette, self.k)
+                                    weights, self.k_choice)
         labels, models = found.labels, found.models
-        if self.k is not None and len(models) < self.k:
+        if self.k_choice.k is not None and len(models) < self.k_choice.k:
             # Fewer distinct directions than k (tied updates): the rest start from FedAvg's.
             mean = cluster_fedavg(state.models[0, :1], np.stack([x.update for x in results]),
                                   np.zeros(len(results), dtype=np.int64), weights)
-            models = np.concatenate([models, np.repeat(mean, self.k - len(models), axis=0)])
+            models = np.concatenate([models, np.repeat(mean, self.k_choice.k - len(models),
+                                                       axis=0)])
         n = state.choice.shape[1]
         choice = np.full((1, n), NEVER, dtype=np.int64)
         choice[0, clients] = labels
@@ -403,10 +383,3 @@ def _lead(state: IFCAState) -> int:
     if len(state.objective) == 1 or np.isnan(state.objective).all():
         return 0
     return int(np.nanargmin(state.objective))
-
-
-def served_clusters(choice: np.ndarray) -> np.ndarray:
-    """Latest choices; clients that never chose get the cluster most clients chose (else 0)."""
-    known = choice[choice != NEVER]
-    fallback = int(np.argmax(np.bincount(known))) if len(known) else 0
-    return np.where(choice == NEVER, fallback, choice).astype(np.int64)

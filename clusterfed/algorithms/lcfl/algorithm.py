@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from clusterfed.algorithms.aggregate import (
+    Weighting,
     aggregation_weights,
     cluster_fedavg,
     results_fedavg,
@@ -49,9 +50,10 @@ from clusterfed.algorithms.base import (
     check_choices,
 )
 from clusterfed.algorithms.lcfl import loss_distance as ld
-from clusterfed.client.tasks import ClientResult, ClientTask, LossSpec, TaskKind, TrainSpec
+from clusterfed.algorithms.options import ClusterCount
 from clusterfed.clustering import precomputed as pc
 from clusterfed.state import serialisable
+from clusterfed.tasks import ClientResult, ClientTask, LossSpec, TaskKind, TrainSpec
 
 FLOAT_BYTES = 4
 _WITHIN_TAG = 0x1CF1
@@ -114,9 +116,9 @@ def logged_clients(num_clients: int, limit: int) -> np.ndarray:
 @ALGORITHMS.register("lcfl", report=".report")
 @dataclass(frozen=True)
 class LCFL:
-    k: int | None = None              # clusters; None: by silhouette on d up to k_max
-    k_max: int = 10
-    min_silhouette: float | None = pc.NO_STRUCTURE  # below it, one cluster (A26, extension)
+    # K: k_choice.k, or (null, an extension: A26) by its selector on d, by default
+    # the silhouette rule up to k_max, one cluster below min_silhouette
+    k_choice: ClusterCount = ClusterCount()
     min_distance: float | None = None    # if max d is below it, keep one cluster (A26)
     tree_repair: float | None = 0.1   # automatic k: the average-linkage cut of d may replace
                                       # k-medoids' partition, moving at most this share of
@@ -141,7 +143,7 @@ class LCFL:
     min_samples: int = 5              # DBSCAN
     noise: str = "nearest"            # DBSCAN noise: "nearest", "singletons", "together"
     cluster_init: str = "global"      # or "members" (A9's mean of warm-up models), "medoid"
-    weighting: str = "samples"        # FedAvg weights (A11); "uniform": the code's mean
+    weighting: Weighting = "samples"  # FedAvg weights (A11); "uniform": the code's mean
     cluster_sampling: str = "within"  # or "global": the runtime's sample of all clients
     log_distance_clients: int = 1000  # rows of d written to events.jsonl (evenly spaced)
     sees: ClassVar[frozenset[str]] = frozenset({"concept", "feature", "label"})
@@ -160,17 +162,19 @@ class LCFL:
     def __post_init__(self) -> None:
         check_choices(self, self._kinds)
         aggregation_weights(np.ones(1), self.weighting)
-        if self.k is not None and self.k < 1:
-            raise ValueError(f"k must be at least 1 (or null to choose it), got {self.k}")
-        if self.k_max < 2:
-            raise ValueError(f"k_max must be at least 2, got {self.k_max}")
+        object.__setattr__(self, "k_choice", ClusterCount.of(self.k_choice))
+        if self.k_choice.selector != "silhouette" and (
+                self.clustering == "dbscan"
+                or (self.clustering == "hierarchical" and self.threshold is not None)):
+            raise ValueError(f"k_choice.selector {self.k_choice.selector!r} does not apply: "
+                             f"clustering {self.clustering} with its own rule chooses K")
         if self.warmup_rounds < 1:
             raise ValueError("warmup_rounds must be at least 1: d needs trained models")
         if self.warmup == "local" and (self.warmup_epochs is None) == (self.warmup_steps is None):
             raise ValueError("a local warm-up needs exactly one of warmup_epochs and warmup_steps")
         if self.loss_samples is not None and self.loss_samples < 1:
             raise ValueError("loss_samples must be a positive count or null")
-        if self.clustering == "hierarchical" and self.k is not None \
+        if self.clustering == "hierarchical" and self.k_choice.k is not None \
                 and self.threshold is not None:
             raise ValueError("hierarchical clustering takes k or threshold, not both")
         if self.tree_repair is not None and not 0.0 <= self.tree_repair <= 1.0:
@@ -302,13 +306,16 @@ class LCFL:
         info: dict[str, Any] = {}
         if self.clustering == "dbscan":
             labels = pc.dbscan(d, eps=self.eps, min_samples=self.min_samples, noise=self.noise)
-        elif self.k is not None or (self.clustering == "hierarchical"
-                                    and self.threshold is not None):
-            labels = self._with_k(d, self.k)
-        else:   # automatic k (an extension, A26): from d's silhouettes
-            labels, scores = pc.choose_clusters(d, lambda k: self._candidate(d, k), self.k_max,
-                                                self.min_silhouette)
+        elif self.k_choice.k is not None or (self.clustering == "hierarchical"
+                                             and self.threshold is not None):
+            labels = self._with_k(d, self.k_choice.k)
+        elif self.k_choice.selector == "silhouette":   # automatic k (A26): its scores logged
+            labels, scores = pc.choose_clusters(d, lambda k: self._candidate(d, k),
+                                                self.k_choice.k_max, self.k_choice.min_silhouette)
             info["silhouettes"] = {str(k): round(s, 6) for k, s in scores.items()}
+        else:
+            labels = self.k_choice.choose(d, lambda k: self._candidate(d, k))
+            info["selector"] = self.k_choice.selector
         if self.min_distance is not None and float(d.max(initial=0.0)) < self.min_distance:
             labels = np.zeros(len(d), dtype=np.int64)   # nobody is distinguishable (A26)
         info["silhouette"] = round(pc.silhouette(d, labels), 6)

@@ -20,11 +20,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from clusterfed.algorithms.aggregate import aggregation_weights, weighted_mean
+from clusterfed.algorithms.aggregate import Weighting, aggregation_weights, weighted_mean
 from clusterfed.algorithms.base import ALGORITHMS, ClusterView, RoundContext, Setup, Update
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
 from clusterfed.errors import ConfigError
 from clusterfed.state import serialisable
+from clusterfed.tasks import ClientResult, ClientTask, TaskKind
 
 Layout = Sequence[tuple[str, tuple[int, ...]]]
 
@@ -72,7 +72,7 @@ def combine(shared: np.ndarray, head: np.ndarray, local: np.ndarray) -> np.ndarr
 @dataclass(frozen=True)
 class LGFedAvg:
     global_layers: int = 2       # the top layers shared (PACFL: 2 of LeNet-5's 5, ResNet-9's 9)
-    weighting: str = "samples"   # head average weighted by samples, or "uniform"
+    weighting: Weighting = "samples"  # head average weighted by samples, or "uniform"
 
     def __post_init__(self) -> None:
         if self.global_layers < 1:

@@ -21,8 +21,8 @@ from clusterfed.algorithms.base import (
     Update,
     check_choices,
 )
-from clusterfed.client.tasks import ClientResult, ClientTask, TaskKind
 from clusterfed.state import serialisable
+from clusterfed.tasks import ClientResult, ClientTask, TaskKind
 
 
 @serialisable

@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from clusterfed.algorithms.aggregate import aggregation_weights, results_fedavg
+from clusterfed.algorithms.aggregate import Weighting, aggregation_weights, results_fedavg
 from clusterfed.algorithms.base import (
     ALGORITHMS,
     ClusterView,
@@ -47,11 +47,11 @@ from clusterfed.algorithms.base import (
     Update,
     check_choices,
 )
+from clusterfed.algorithms.options import ClusterCount
 from clusterfed.algorithms.pacfl import principal_angles as pa
-from clusterfed.client.tasks import ClientResult, ClientTask, SignatureSpec, TaskKind
 from clusterfed.clustering import precomputed as pc
-from clusterfed.clustering.precomputed import NO_STRUCTURE, choose_clusters
 from clusterfed.state import serialisable
+from clusterfed.tasks import SVD_METHODS, ClientResult, ClientTask, SignatureSpec, TaskKind
 
 UNASSIGNED = -1
 NO_PARAMS = np.zeros(0, dtype=np.float32)
@@ -73,16 +73,15 @@ class PACFLState:
 @ALGORITHMS.register("pacfl", report=".report")
 @dataclass(frozen=True)
 class PACFL:
-    # The cut: at beta degrees (the paper's rule; the code's default 3.5), into n_clusters, or
-    # (neither given, the default) into the most clusters, up to k_max, whose every cluster
-    # has a mean silhouette on A of at least min_silhouette, else one (beta depends on the
-    # data's dimension, p and the measure; the silhouette compares within- and
+    # The cut: at beta degrees (the paper's rule; the code's default 3.5), into k_choice.k
+    # (an extension; the old key n_clusters), or (neither given, the default) by the
+    # k_choice selector on A, by default into the most clusters, up to k_max, whose every
+    # cluster has a mean silhouette on A of at least min_silhouette, else one (beta depends
+    # on the data's dimension, p and the measure; the silhouette compares within- and
     # between-cluster angles and does not).
     beta: float | None = None            # HC threshold in degrees
     linkage: str = "weighted"            # or average / complete / single
-    n_clusters: int | None = None        # extension: cut into this many clusters, not at beta
-    k_max: int = 10
-    min_silhouette: float | None = NO_STRUCTURE
+    k_choice: ClusterCount = ClusterCount()
     measure: str = "min_pair"            # or principal_min / ordered_sum / principal_sum
     absolute: bool = True                # min_pair without |.|: the authors' code
     p: int = 3                           # singular vectors per block
@@ -92,7 +91,7 @@ class PACFL:
     mean: Sequence[float] | None = None  # per-channel normalisation before the SVD (MIX-4)
     std: Sequence[float] | None = None
     svd: str = "auto"                    # exact / randomized / auto (randomised when large)
-    weighting: str = "samples"           # FedAvg weights inside a cluster
+    weighting: Weighting = "samples"     # FedAvg weights inside a cluster
     newcomers: Sequence[int] = ()        # clients that arrive at join_round (Algs. 2, 3)
     join_round: int = 0
     newcomer_rule: str = "nearest"       # or "rerun" (Alg. 3 line 4)
@@ -102,9 +101,10 @@ class PACFL:
     sees: ClassVar[frozenset[str]] = frozenset({"feature", "label"})
     toy_mixture_options: ClassVar[dict[str, Any] | None] = None
     own_newcomers: ClassVar[bool] = True   # Algs. 2-3: the `newcomers` section sets its own
+    k_aliases: ClassVar[dict[str, str]] = {"n_clusters": "k"}   # configs before `k_choice`
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {
         "linkage": pc.LINKAGES, "measure": pa.MEASURES, "signature": ("per_class", "whole"),
-        "svd": pa.SVD_METHODS, "newcomer_rule": ("nearest", "rerun")}
+        "svd": SVD_METHODS, "newcomer_rule": ("nearest", "rerun")}
     newcomer_set: frozenset[int] = field(init=False, repr=False, default=frozenset())
 
     def __post_init__(self) -> None:
@@ -112,10 +112,7 @@ class PACFL:
         aggregation_weights(np.ones(1), self.weighting)
         if self.beta is not None and not self.beta >= 0:
             raise ValueError(f"beta (degrees) must be >= 0, got {self.beta}")
-        if self.k_max < 2:
-            raise ValueError(f"k_max must be at least 2, got {self.k_max}")
-        if self.n_clusters is not None and self.n_clusters < 1:
-            raise ValueError(f"n_clusters must be at least 1, got {self.n_clusters}")
+        object.__setattr__(self, "k_choice", ClusterCount.of(self.k_choice))
         if self.p < 1:
             raise ValueError(f"p must be at least 1, got {self.p}")
         if self.budget is not None and (self.budget < 1 or self.signature != "per_class"):
@@ -208,16 +205,15 @@ class PACFL:
     def _cut(self, proximity: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         tree = pa.linkage_tree(proximity, self.linkage)
         n = len(proximity)
-        if self.beta is not None or self.n_clusters is not None:
-            return tree, pa.cut_tree(tree, n, self.beta, self.n_clusters)
-        labels, _ = choose_clusters(proximity, lambda k: pa.cut_tree(tree, n, n_clusters=k),
-                                    self.k_max, self.min_silhouette)
+        if self.beta is not None or self.k_choice.k is not None:
+            return tree, pa.cut_tree(tree, n, self.beta, self.k_choice.k)
+        labels = self.k_choice.choose(proximity, lambda k: pa.cut_tree(tree, n, n_clusters=k))
         return tree, pc.first_appearance_labels(labels)
 
     def _clustering_event(self, kind: str, ids: np.ndarray, proximity: np.ndarray,
                           tree: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
         return {"type": kind, "clients": ids.tolist(), "beta": self.beta,
-                "n_clusters": self.n_clusters,
+                "n_clusters": self.k_choice.k,
                 "linkage": self.linkage, "measure": self.measure,
                 "proximity": np.round(proximity, 4).tolist(),
                 "tree": np.round(tree, 6).tolist(), "labels": labels.tolist()}

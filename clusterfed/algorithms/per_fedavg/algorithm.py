@@ -29,10 +29,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from clusterfed.algorithms.aggregate import aggregation_weights
+from clusterfed.algorithms.aggregate import Weighting, aggregation_weights
 from clusterfed.algorithms.base import ALGORITHMS, ClusterView, RoundContext, Setup, Update
 from clusterfed.algorithms.fedavg.algorithm import FedAvgState, apply_updates
-from clusterfed.client.tasks import (
+from clusterfed.tasks import (
     MAML_BATCHES,
     MAML_MOMENTA,
     MAML_VARIANTS,
@@ -55,7 +55,7 @@ class PerFedAvg:
     beta: float | None = None      # outer (meta) step; None: train.lr
     delta: float = 1e-3            # the HF variant's finite-difference step
     personal_steps: int = 1        # gradient steps of personalisation before testing
-    weighting: str = "uniform"     # Algorithm 1's plain mean, or "samples"
+    weighting: Weighting = "uniform"  # Algorithm 1's plain mean, or "samples"
     epoch: str = "batches"         # "batches": a meta step a batch; "pass": one data pass
     momentum: str = "meta"         # "meta": on the meta-gradient; "shared": inner step too
 

@@ -21,11 +21,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from clusterfed.algorithms.aggregate import aggregation_weights, weighted_mean
+from clusterfed.algorithms.aggregate import Weighting, aggregation_weights, weighted_mean
 from clusterfed.algorithms.base import ALGORITHMS, ClusterView, RoundContext, Setup, Update
-from clusterfed.client.tasks import ClientResult, ClientTask, LocalObjective, TaskKind
 from clusterfed.errors import ConfigError
 from clusterfed.state import serialisable
+from clusterfed.tasks import ClientResult, ClientTask, LocalObjective, TaskKind
 
 
 @serialisable
@@ -58,7 +58,7 @@ def server_step(model: np.ndarray, control: np.ndarray, updates: np.ndarray,
 class Scaffold:
     option: str = "II"           # c_i+ rule: "II" (from the update) or "I" (gradient at x)
     server_lr: float = 1.0       # the paper's global step size eta_g
-    weighting: str = "uniform"   # the paper's mean over sampled clients, or "samples"
+    weighting: Weighting = "uniform"  # the paper's mean over sampled clients, or "samples"
 
     def __post_init__(self) -> None:
         if self.option not in ("I", "II"):

@@ -7,7 +7,7 @@ partitions need their post-clustering rounds: each is rerun with `algorithm.part
 continues exactly as a run that found it (tests/test_flhc.py). The paper keeps each pairing's
 best tau by round-50 test accuracy (selection on test data; said so in the table).
 
-    python -m clusterfed.algorithms.flhc.pairings PRESET [key=value ...] --out DIR
+    python -m clusterfed.experiments.flhc_pairings PRESET [key=value ...] --out DIR
         [--data-dir D] [--train] [--baseline] [--finished | --clustering]
 
 `--clustering` reads the cuts from a probe that is past its clustering round, finished or not

@@ -1,0 +1,174 @@
+"""The choice of K as one option group (`algorithm.k_choice`): every selector through the
+methods' own clustering code, old flat keys, and one-line errors for bad options."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.metrics import adjusted_rand_score
+
+from clusterfed import config as cfg
+from clusterfed.algorithms import build_algorithm
+from clusterfed.algorithms.flexcfl.algorithm import group_labels
+from clusterfed.algorithms.lcfl import LCFL
+from clusterfed.algorithms.options import ClusterCount
+from clusterfed.algorithms.pacfl import PACFL
+from clusterfed.algorithms.selection import clusters_of_updates
+from clusterfed.clustering import selectors
+from clusterfed.clustering.kmeans import kmeans_clusters
+from clusterfed.clustering.selectors import SELECTORS
+from clusterfed.clustering.similarity import euclidean_distance_matrix
+from clusterfed.errors import ConfigError
+
+pytestmark = pytest.mark.fast
+
+SIZES = (9, 6, 5, 4)     # unequal clusters, the smallest above HDBSCAN's default 3
+# Davies-Bouldin's index is undefined for one cluster: it never says one (selectors.py).
+SAYS_ONE = tuple(s for s in SELECTORS if s != "davies_bouldin")
+
+
+def count(selector: str) -> ClusterCount:
+    """The selector's group; the gap statistic's k-means of references is the slow part, so
+    fewer k's and references (four clusters need neither ten)."""
+    if selector == "gap":
+        return ClusterCount(selector="gap", k_max=6, references=3)
+    return ClusterCount(selector=selector)
+
+
+def federation_updates(sizes: tuple[int, ...], seed: int = 0, dim: int = 60
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Clients' updates: a direction per true cluster plus noise; and the truth."""
+    rng = np.random.default_rng(seed)
+    directions = rng.normal(size=(len(sizes), dim))
+    truth = np.repeat(np.arange(len(sizes)), sizes)
+    return directions[truth] + 0.3 * rng.normal(size=(len(truth), dim)), truth
+
+
+@pytest.mark.parametrize("selector", SELECTORS)
+def test_every_selector_recovers_unequal_clusters_through_ifca_selection(selector):
+    updates, truth = federation_updates(SIZES)
+    found = clusters_of_updates(np.zeros(updates.shape[1], np.float32), updates,
+                                np.ones(len(updates)), count(selector))
+    assert adjusted_rand_score(truth, found.labels) == 1.0
+    assert found.num_clusters == len(SIZES)
+
+
+@pytest.mark.parametrize("selector", SAYS_ONE)
+def test_every_selector_that_can_says_one_cluster_on_iid_updates(selector):
+    updates, _ = federation_updates((24,), seed=1)
+    found = clusters_of_updates(np.zeros(updates.shape[1], np.float32), updates,
+                                np.ones(len(updates)), count(selector))
+    assert found.num_clusters == 1
+
+
+def test_davies_bouldin_never_says_one_cluster():
+    updates, _ = federation_updates((24,), seed=1)
+    found = clusters_of_updates(np.zeros(updates.shape[1], np.float32), updates,
+                                np.ones(len(updates)), ClusterCount(selector="davies_bouldin"))
+    assert found.num_clusters > 1
+
+
+@pytest.mark.parametrize("selector", SELECTORS)
+def test_every_selector_through_lcfl_on_its_distance_matrix(selector):
+    points, truth = federation_updates(SIZES, seed=2)
+    algo = LCFL(k_choice=count(selector))
+    labels, info = algo.cluster_labels(euclidean_distance_matrix(points))
+    assert adjusted_rand_score(truth, labels) == 1.0
+    assert ("silhouettes" in info) == (selector == "silhouette")
+    if selector in SAYS_ONE:
+        iid, _ = federation_updates((24,), seed=3)
+        assert algo.cluster_labels(euclidean_distance_matrix(iid))[0].max() == 0
+
+
+@pytest.mark.parametrize("selector", ["eigengap", "hdbscan"])
+def test_flexcfl_cold_start_uses_the_selector(selector):
+    updates, truth = federation_updates(SIZES, seed=4)
+    labels = group_labels(updates, ClusterCount(selector=selector), seed=0)
+    assert adjusted_rand_score(truth, labels) == 1.0
+
+
+def test_each_method_hands_its_selector_and_parameters_to_the_rule(monkeypatch):
+    seen = []
+
+    def spy(name, d, labels_for_k, k_max, params=None):
+        seen.append((name, k_max, dict(params or {}), len(d)))
+        return np.zeros(len(d), dtype=np.int64)
+
+    monkeypatch.setattr(selectors, "select", spy)
+    group = ClusterCount(selector="eigengap", k_max=7, neighbours=5)
+    updates, _ = federation_updates(SIZES)
+    d = euclidean_distance_matrix(updates)
+    clusters_of_updates(np.zeros(updates.shape[1], np.float32), updates, np.ones(len(updates)),
+                        group)                                            # IFCA, FedEM, FedSoft
+    LCFL(k_choice=group).cluster_labels(d)
+    PACFL(k_choice=group)._cut(d)
+    group_labels(updates, group, seed=0)                                  # FlexCFL
+    kmeans_clusters(updates, d, 0, None, group.choose)                    # FeSEM's K-means
+    assert seen == [("eigengap", 7, {"neighbours": 5}, len(updates))] * 5
+
+
+def test_a_selector_parameter_reaches_the_rule():
+    updates, _ = federation_updates(SIZES)
+    bigger = ClusterCount(selector="hdbscan", min_cluster_size=max(SIZES) + 1)
+    found = clusters_of_updates(np.zeros(updates.shape[1], np.float32), updates,
+                                np.ones(len(updates)), bigger)
+    assert found.num_clusters == 1    # no cluster reaches the size: one
+
+
+def test_k_fixed_ignores_the_data():
+    updates, _ = federation_updates(SIZES)
+    found = clusters_of_updates(np.zeros(updates.shape[1], np.float32), updates,
+                                np.ones(len(updates)), ClusterCount(k=2))
+    assert found.num_clusters == 2
+
+
+@pytest.mark.parametrize(("section", "expected"), [
+    ({"name": "ifca", "k": 4}, ClusterCount(k=4)),
+    ({"name": "ifca", "min_silhouette": 0.3}, ClusterCount(min_silhouette=0.3)),
+    ({"name": "lcfl", "k_max": 6, "min_silhouette": None},
+     ClusterCount(k_max=6, min_silhouette=None)),
+    ({"name": "pacfl", "n_clusters": 2}, ClusterCount(k=2)),
+    ({"name": "fedem", "components": 3}, ClusterCount(k=3)),
+    ({"name": "fedrc", "components": None}, ClusterCount()),
+    ({"name": "fesem", "k": 2, "k_choice": {"k_max": 5}}, ClusterCount(k=2, k_max=5)),
+])
+def test_old_flat_keys_load_into_the_group(section, expected):
+    assert build_algorithm(section).k_choice == expected
+
+
+def test_old_keys_load_from_overrides_and_new_ones_nest():
+    config = cfg.resolve("quickstart", ["algorithm.name=ifca", "algorithm.k=4",
+                                        "algorithm.min_silhouette=0.3"])
+    assert build_algorithm(config["algorithm"]).k_choice == ClusterCount(k=4,
+                                                                         min_silhouette=0.3)
+    config = cfg.resolve("quickstart", ["algorithm.name=pacfl",
+                                        "algorithm.k_choice.selector=hdbscan",
+                                        "algorithm.k_choice.min_cluster_size=4"])
+    assert build_algorithm(config["algorithm"]).k_choice == ClusterCount(
+        selector="hdbscan", min_cluster_size=4)
+
+
+@pytest.mark.parametrize(("section", "message"), [
+    ({"name": "ifca", "k_choice": {"selector": "elbow"}},
+     "k_choice.selector must be one of silhouette, eigengap, gap, davies_bouldin, hdbscan"),
+    ({"name": "ifca", "k_choice": {"k": 0}}, "k_choice.k must be a whole number >= 1"),
+    ({"name": "pacfl", "k_choice": {"k_max": 1}}, "k_choice.k_max must be a whole number >= 2"),
+    ({"name": "lcfl", "k_choice": {"min_silhouette": 2}}, "k_choice.min_silhouette must be in"),
+    ({"name": "fesem", "k_choice": {"min_cluster_size": 1}}, "k_choice.min_cluster_size"),
+    ({"name": "ifca", "k_choice": {"k": 3, "selector": "gap"}}, "k_choice.k fixes it at 3"),
+    ({"name": "ifca", "k_choice": {"kmax": 3}}, "unknown option k_choice.kmax; valid: k, k_max"),
+    ({"name": "ifca", "k_choice": 4}, "k_choice must be a mapping"),
+    ({"name": "pacfl", "n_clusters": 2, "k_choice": {"k": 3}}, "k is set twice"),
+    ({"name": "lcfl", "clustering": "dbscan", "k_choice": {"selector": "hdbscan"}},
+     "k_choice.selector 'hdbscan' does not apply: clustering dbscan"),
+])
+def test_bad_options_fail_in_one_line_naming_the_key(section, message):
+    with pytest.raises(ConfigError) as err:
+        build_algorithm(section)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_method_without_the_group_still_refuses_its_keys():
+    with pytest.raises(ConfigError, match="unknown config key algorithm.k "):
+        build_algorithm({"name": "fedavg", "k": 3})
+    assert isinstance(LCFL().k_choice, ClusterCount)
