@@ -12,17 +12,19 @@ from helpers import cli, tiny_config
 
 from clusterfed import config as cfg
 from clusterfed.errors import ConfigError
+from clusterfed.experiments import records, resumable
 from clusterfed.experiments import reproduce as rep
-from clusterfed.experiments import resumable
 from clusterfed.sim import simulation
 
 
-def test_verdict_compares_error_bars_by_hand():
-    # Paper 97.54 +- 0.08; ours 97.30 +- 0.20: |0.24| <= 0.28, the bars overlap.
-    assert rep.verdict((97.54, 0.08), (97.30, 0.20)) == "within the paper's error bars"
-    # Ours 97.00 +- 0.30: 0.54 > 0.38; below the paper's bar (97.46) by 0.46.
-    assert rep.verdict((97.54, 0.08), (97.00, 0.30)) == "below by 0.46 points"
-    assert rep.verdict((77.3, 4.9), (89.76, 0.1)) == "above by 7.56 points"
+def test_the_table_judges_by_the_pages_one_rule():
+    """The rule stated once (records.verdict, docs/reproductions/README.md), by hand."""
+    assert rep.verdict is records.verdict
+    # |97.30 - 97.54| = 0.24 <= 2 sqrt(0.08^2 + 0.20^2) = 0.43
+    assert rep.verdict((97.54, 0.08), (97.30, 0.20), 3) == "within (-0.24, limit 0.43)"
+    # |89.76 - 77.3| = 12.46 > 2 sqrt(4.9^2 + 0.1^2) = 9.80
+    assert rep.verdict((77.3, 4.9), (89.76, 0.1), 3) == "above (+12.46, limit 9.80)"
+    assert rep.verdict((77.3, 4.9), (89.76, 0.1), 2) == "not judged (2 seeds of 3)"
     assert rep.mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
     assert rep.mean_std([4.0]) == (4.0, 0.0)
 
@@ -43,9 +45,10 @@ def test_runs_every_seed_and_tabulates_mean_and_std(tmp_path: Path, monkeypatch)
         assert rows[label]["own"] == pytest.approx((np.mean(own), np.std(own, ddof=1)))
     # Seeds give different federations and models.
     assert rows["fedavg"]["runs"][0]["own"] != rows["fedavg"]["runs"][1]["own"]
-    assert rows["local"]["paper"] == (99.9, 0.0) and rows["local"]["verdict"].startswith("below")
+    assert rows["local"]["paper"] == (99.9, 0.0)
+    assert rows["local"]["verdict"] == "not judged (2 seeds of 3)"
     text = (tmp_path / "reproduce.md").read_text()
-    assert "| fedavg | 50.00 ± 5.00 (own) |" in text
+    assert "| fedavg | 50.00 ± 5.00 |" in text and "with our `own` one" in text
     # Rerun: every finished run is read back, none trained again.
     monkeypatch.setattr(resumable, "run_config", lambda *a, **k: pytest.fail("ran again"))
     lines: list[str] = []
@@ -55,6 +58,23 @@ def test_runs_every_seed_and_tabulates_mean_and_std(tmp_path: Path, monkeypatch)
     first = rows["fedavg"]["runs"][0]["own"]
     assert lines[0].startswith(f"fedavg seed 0: {first:.2f} % (cluster protocol), 1 clusters")
     assert "nan" not in "".join(lines)
+
+
+def test_one_protocol_judges_every_row_and_a_row_not_comparable_gets_its_reason():
+    def run(own: float, served: float) -> dict:
+        return rep.figures({"final": {"mean_accuracy": own, "cluster_mean_accuracy": served},
+                            "clustering": {"ari": 1.0, "n_clusters": 2}, "wall_seconds": 1.0})
+
+    config = cfg.merge(cfg.DEFAULTS, {"reproduce": {
+        "paper": {"a": [70.0, 1.0], "b": [90.0, 1.0]}, "protocol": "cluster",
+        "not_comparable": {"b": "a global model's figure"}}})
+    runs = [run(0.9, 0.7), run(0.9, 0.7), run(0.9, 0.7)]
+    result = rep.summarise(config, {"a": runs, "b": runs}, [0, 1, 2])
+    rows = {row["label"]: row for row in result["rows"]}
+    # a: its served figure (70) is read, not its own (90)
+    assert rows["a"]["verdict"] == "within (+0.00, limit 2.00)"
+    assert rows["b"]["verdict"] == "not comparable: a global model's figure"
+    assert "with our `cluster` one" in rep.markdown(result)
 
 
 def test_a_mixture_scenario_adds_the_shares_error_column():
@@ -96,7 +116,9 @@ def test_a_cut_off_run_resumes_and_another_config_is_refused(tmp_path: Path, mon
 
 @pytest.mark.parametrize("section, message", [
     ({"seed": [0]}, "unknown keys"), ({"seeds": []}, "non-empty"),
-    ({"paper": {"pacfl": "97"}}, "mean or"), ({"paper_protocol": {"pacfl": "global"}}, "own")])
+    ({"paper": {"pacfl": "97"}}, "mean or"), ({"protocol": "global"}, "own, cluster"),
+    ({"not_comparable": {"fedavg": ""}}, "each label to its reason"),
+    ({"paper_protocol": {"fedavg": "cluster"}}, "replaced by one a table: reproduce.protocol")])
 def test_bad_sections_are_config_errors(section, message, tmp_path: Path):
     with pytest.raises(ConfigError, match=message):
         rep.reproduce(cfg.merge(tiny_config(), {"reproduce": section}), tmp_path)
@@ -110,8 +132,8 @@ def test_command_line_writes_the_table(capsys, tmp_path: Path):
     assert code == 0, err
     # The table holds the preset's seeds and algorithms besides those run.
     assert "Seeds 0, 1, 3" in out and "fedavg seed 3:" in err
-    assert "| fedavg (seed 3) | 50.00 ± 5.00 (own) |" in out
-    assert "| local (no finished run) | 99.90 ± 0.00 (own) | - |" in out
+    assert "| fedavg (seed 3) | 50.00 ± 5.00 |" in out
+    assert "| local (no finished run) | 99.90 ± 0.00 | - |" in out
     assert (tmp_path / "r" / "fedavg" / "seed-3" / "summary.json").exists()
 
 
@@ -123,7 +145,7 @@ def test_every_presets_paper_figures_name_algorithms_it_runs():
         config = cfg.resolve(name)
         section = config.get("reproduce") or {}
         labels = {label for label, _ in runs_of(config)}
-        for key in ("paper", "paper_protocol"):
+        for key in ("paper", "not_comparable"):
             assert set(section.get(key) or {}) <= labels, (name, key, labels)
         checked += bool(section.get("paper"))
     assert checked >= 3
@@ -142,7 +164,7 @@ def test_finished_tabulates_the_finished_runs_and_runs_nothing(capsys, tmp_path:
     assert code == 0, err
     # Running local's seed kept fedavg's finished rows in the folder's table.
     kept = (tmp_path / "r" / "reproduce.md").read_text()
-    assert "| fedavg | 50.00 ± 5.00 (own) |" in kept and "| local (seed 1) |" in kept
+    assert "| fedavg | 50.00 ± 5.00 |" in kept and "| local (seed 1) |" in kept
     # Rows in the preset's order, not the named algorithm first.
     assert kept.index("| fedavg |") < kept.index("| local (seed 1) |")
     monkeypatch.setattr(resumable, "run_config", lambda *a, **k: pytest.fail("ran"))
@@ -153,8 +175,8 @@ def test_finished_tabulates_the_finished_runs_and_runs_nothing(capsys, tmp_path:
     assert code == 0, err
     assert (tmp_path / "r" / "config.yaml").read_text() == ran   # the record of what ran
     assert "Seeds 0, 1, 2" in out
-    assert "| fedavg (seeds 0, 1) | 50.00 ± 5.00 (own) |" in out
-    assert "| local (seed 1) | 99.90 ± 0.00 (own) |" in out
+    assert "| fedavg (seeds 0, 1) | 50.00 ± 5.00 |" in out
+    assert "| local (seed 1) | 99.90 ± 0.00 |" in out
     rows = {r["label"]: r for r in json.loads((tmp_path / "r" / "reproduce.json").read_text()
                                               )["rows"]}
     assert rows["fedavg"]["seeds"] == [0, 1] and len(rows["fedavg"]["runs"]) == 2
@@ -163,7 +185,7 @@ def test_finished_tabulates_the_finished_runs_and_runs_nothing(capsys, tmp_path:
     assert rows["fedavg"]["own"][0] == pytest.approx(100 * np.mean(summaries))
     none = rep.reproduce(small(), tmp_path / "none", seeds=[5], finished_only=True)
     assert "Seeds 0, 1, 5" in rep.markdown(none)
-    assert "| fedavg (no finished run) | 50.00 ± 5.00 (own) | - |" in rep.markdown(none)
+    assert "| fedavg (no finished run) | 50.00 ± 5.00 | - |" in rep.markdown(none)
 
 
 def test_a_finished_run_of_another_config_is_left_out_of_the_table(tmp_path: Path):
@@ -197,6 +219,6 @@ def test_a_run_another_command_finishes_meanwhile_joins_the_table(tmp_path: Path
     assert rows["fedavg"]["seeds"] == [0] and rows["local"]["seeds"] == [0]
     side = json.loads((tmp_path / "side" / "fedavg" / "seed-0" / "summary.json").read_text())
     assert rows["fedavg"]["own"][0] == pytest.approx(100 * side["final"]["mean_accuracy"])
-    assert "| fedavg (seed 0) | 50.00 ± 5.00 (own) |" in (tmp_path / "r" / "reproduce.md"
-                                                        ).read_text()
+    assert "| fedavg (seed 0) | 50.00 ± 5.00 |" in (tmp_path / "r" / "reproduce.md"
+                                                  ).read_text()
     assert not list((tmp_path / "r").glob("*.tmp"))   # no partial file left behind

@@ -140,3 +140,13 @@ def test_a_declared_table_from_hand_made_records(tmp_path: Path) -> None:
         "| Global | 80.00 | 80.00 | 70.00 | 0 | 1 | not comparable: another setup |"]
     assert "Recorded: mnist, `label_swap`, 8 clients, 5 rounds of 1 local epochs, 50 % of the " \
            "clients a round" in text
+
+
+def test_a_table_takes_its_presets_protocol_and_not_comparable_rows() -> None:
+    spec = {"preset": "pacfl-labelskew20-fmnist", "protocol": "own",
+            "rows": {"fedavg": {"name": "FedAvg"}, "pacfl": {"name": "PACFL"}}}
+    rows = pages.declared("t", spec)["rows"]
+    assert rows["fedavg"]["not_comparable"].startswith("the paper's cell is NIID-Bench's")
+    assert "not_comparable" not in rows["pacfl"]
+    with pytest.raises(ConfigError, match="protocol 'cluster' differs from preset"):
+        pages.declared("t", {**spec, "protocol": "cluster"})

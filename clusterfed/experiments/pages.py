@@ -23,32 +23,15 @@ import yaml
 
 from clusterfed import config as cfg
 from clusterfed.errors import ConfigError
-from clusterfed.experiments.records import figures, mean_std, paper_figure
+from clusterfed.experiments.records import Figure, figures, mean_std, paper_figure, verdict
 
 DECLARATIONS = Path(__file__).with_name("pages.yaml")
-MIN_SEEDS = 3
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)"
                    r"(<!-- end generated -->)", re.DOTALL)
 
-Figure = tuple[float, float]
 EVAL_PROTOCOLS = {"local": "each client's own model after its local training",
                   "cluster": "each client's cluster model",
                   "mixture": "each client's mixture of the component models"}
-
-
-def verdict(paper: Figure, ours: Figure, seeds: int) -> str:
-    """The README's rule: within when |ours - paper| <= 2 sqrt(std_paper^2 + std_ours^2),
-    judged over at least MIN_SEEDS seeds."""
-    (p, p_std), (m, m_std) = paper, ours
-    if m != m:
-        return "not measured"
-    if seeds < MIN_SEEDS:
-        return f"not judged ({seeds} seed{'s' if seeds != 1 else ''} of {MIN_SEEDS})"
-    limit = 2 * math.hypot(p_std, m_std)
-    gap = m - p
-    if abs(gap) <= limit:
-        return f"within ({gap:+.2f}, limit {limit:.2f})"
-    return f"{'above' if gap > 0 else 'below'} ({gap:+.2f}, limit {limit:.2f})"
 
 
 def summaries_of(runs_dir: Path, folders: Sequence[str]) -> list[tuple[int, dict[str, float]]]:
@@ -189,13 +172,34 @@ def table(name: str, spec: Mapping[str, Any], paper: Mapping[str, Figure], runs_
     return "\n".join(lines) + "\n"
 
 
+def preset_reproduce(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The `reproduce` section of the table's preset (empty without one)."""
+    if "preset" not in spec:
+        return {}
+    return dict(cfg.load_source(spec["preset"])[1].get("reproduce", {}) or {})
+
+
 def paper_of(spec: Mapping[str, Any]) -> dict[str, Figure]:
     """The table's paper figures: its preset's `reproduce.paper`, then its own `paper`."""
-    declared: dict[str, Any] = {}
-    if "preset" in spec:
-        declared.update(cfg.load_source(spec["preset"])[1].get("reproduce", {}).get("paper", {}))
+    declared: dict[str, Any] = dict(preset_reproduce(spec).get("paper", {}))
     declared.update(spec.get("paper", {}))
     return {label: paper_figure(label, figure) for label, figure in declared.items()}
+
+
+def declared(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The table as declared, its preset's declarations joined: the protocol must be the
+    preset's `reproduce.protocol` (one a table, declared before the runs), and a row the
+    preset calls `not_comparable` is so here unless the row says otherwise."""
+    section = preset_reproduce(spec)
+    if "preset" in spec and spec["protocol"] != section.get("protocol", "own"):
+        raise ConfigError(f"table {name}: protocol {spec['protocol']!r} differs from preset "
+                          f"{spec['preset']}'s reproduce.protocol "
+                          f"{section.get('protocol', 'own')!r}")
+    reasons = dict(section.get("not_comparable", {}) or {})
+    rows = {key: ({**row, "not_comparable": reasons[row.get("label", key)]}
+                  if row.get("label", key) in reasons and "not_comparable" not in row else row)
+            for key, row in spec["rows"].items()}
+    return {**spec, "rows": rows}
 
 
 def generate(docs: Path, declarations: Path = DECLARATIONS) -> dict[Path, str]:
@@ -205,7 +209,7 @@ def generate(docs: Path, declarations: Path = DECLARATIONS) -> dict[Path, str]:
     for name, spec in tables.items():
         page = docs / spec["page"]
         text = pages.get(page) or page.read_text()
-        block = table(name, spec, paper_of(spec), docs / "runs")
+        block = table(name, declared(name, spec), paper_of(spec), docs / "runs")
         found = False
 
         def fill(match: re.Match[str], name: str = name, block: str = block) -> str:

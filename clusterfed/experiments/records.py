@@ -3,12 +3,33 @@ reproduction pages (`pages`) are generated from the records without loading the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from clusterfed.errors import ConfigError
+
+Figure = tuple[float, float]
+MIN_SEEDS = 3    # the fewest seeds a verdict is given on
+PROTOCOLS = ("own", "cluster")   # which of a run's figures a table compares with the paper's
+
+
+def verdict(paper: Figure, ours: Figure, seeds: int) -> str:
+    """The one rule of every table (docs/reproductions/README.md, "Verdict rule"): within
+    when |ours - paper| <= 2 sqrt(std_paper^2 + std_ours^2), judged over at least MIN_SEEDS
+    seeds."""
+    (p, p_std), (m, m_std) = paper, ours
+    if m != m:
+        return "not measured"
+    if seeds < MIN_SEEDS:
+        return f"not judged ({seeds} seed{'s' if seeds != 1 else ''} of {MIN_SEEDS})"
+    limit = 2 * math.hypot(p_std, m_std)
+    gap = m - p
+    if abs(gap) <= limit:
+        return f"within ({gap:+.2f}, limit {limit:.2f})"
+    return f"{'above' if gap > 0 else 'below'} ({gap:+.2f}, limit {limit:.2f})"
 
 
 def paper_figure(label: str, figure: Any) -> tuple[float, float]:

@@ -8,9 +8,11 @@ A preset's `reproduce` section says what the paper reported:
       paper:                           # label -> [mean, std] in %, or a mean alone
         pacfl: [97.54, 0.08]
         fedavg: [77.3, 4.9]
-      paper_protocol: {fedavg: cluster}   # which figure the paper's number is, per label:
-                                          # "own" (eval.protocol's own-model figure) or
-                                          # "cluster" (the served model, eval.also_cluster)
+      protocol: own                    # the table's one figure the paper's is compared
+                                       # with: "own" (eval.protocol's own-model figure) or
+                                       # "cluster" (the served model, eval.also_cluster)
+      not_comparable:                  # label -> why its paper figure is of another kind
+        fedavg: the paper's cell is the global model's accuracy   # (shown, not judged)
 
 Every (algorithm, seed) runs in its own folder `LABEL/seed-S`: a finished run (summary.json) is
 read back, a cut-off one resumes from its checkpoint, so the command can be rerun until done;
@@ -19,8 +21,8 @@ with its seeds where it has fewer than the table. The table always covers the pr
 algorithms and seeds besides any named: running one more (algorithm, seed) into a folder
 keeps the rows of the runs already finished there.
 The table gives mean +- std over the seeds of each protocol's figure, ARI, clusters and wall
-time, and a verdict: "within" when the paper's mean +- std and ours overlap, else how far above
-or below the paper's error bar our mean lies.
+time, and the verdict of the reproduction pages' one rule (`records.verdict`): within when
+|ours - paper| <= 2 sqrt(std_paper^2 + std_ours^2), over at least 3 seeds.
 """
 
 from __future__ import annotations
@@ -35,15 +37,19 @@ from clusterfed import config as cfg
 from clusterfed import strict_json
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import labelled_sections, run_config_of
-from clusterfed.experiments.records import figures, mean_std, paper_figure
+from clusterfed.experiments.records import PROTOCOLS, figures, mean_std, paper_figure, verdict
 from clusterfed.experiments.resumable import Job, check_folder, run_jobs, threads_per_job
 from clusterfed.state import save_atomic
 
-REPRODUCE_KEYS = {"seeds", "algorithms", "paper", "paper_protocol"}
-PROTOCOLS = ("own", "cluster")
+REPRODUCE_KEYS = {"seeds", "algorithms", "paper", "protocol", "not_comparable"}
 
 
 def check_reproduce(section: Mapping[str, Any]) -> None:
+    if "paper_protocol" in section:
+        raise ConfigError("reproduce.paper_protocol (a protocol a row) is replaced by one a "
+                          "table: reproduce.protocol (own or cluster), and a row whose paper "
+                          "figure is of another kind goes in reproduce.not_comparable with "
+                          "its reason")
     unknown = set(section) - REPRODUCE_KEYS
     if unknown:
         raise ConfigError(f"reproduce: unknown keys {sorted(unknown)}; valid: "
@@ -54,21 +60,14 @@ def check_reproduce(section: Mapping[str, Any]) -> None:
                           f"{seeds!r}")
     for label, figure in dict(section.get("paper", {})).items():
         paper_figure(label, figure)
-    for label, protocol in dict(section.get("paper_protocol", {})).items():
-        if protocol not in PROTOCOLS:
-            raise ConfigError(f"reproduce.paper_protocol.{label} must be one of "
-                              f"{', '.join(PROTOCOLS)}, got {protocol!r}")
-
-
-def verdict(paper: tuple[float, float], ours: tuple[float, float]) -> str:
-    """Overlap of the two error bars (in %), else the distance from the paper's bar."""
-    (p, p_std), (m, m_std) = paper, ours
-    if m != m:
-        return "not measured"
-    if abs(m - p) <= p_std + m_std:
-        return "within the paper's error bars"
-    gap = abs(m - p) - p_std
-    return f"{'below' if m < p else 'above'} by {gap:.2f} points"
+    if section.get("protocol", "own") not in PROTOCOLS:
+        raise ConfigError(f"reproduce.protocol must be one of {', '.join(PROTOCOLS)}, got "
+                          f"{section['protocol']!r}")
+    reasons = section.get("not_comparable", {}) or {}
+    if not isinstance(reasons, Mapping) or not all(
+            isinstance(why, str) and why.strip() for why in reasons.values()):
+        raise ConfigError("reproduce.not_comparable must map each label to its reason, "
+                          f"got {reasons!r}")
 
 
 def runs_of(config: Mapping[str, Any], names: Sequence[str] | None = None
@@ -184,7 +183,8 @@ def summarise(config: Mapping[str, Any], measured: Mapping[str, Sequence[Mapping
     """The table's rows; `seeds_of` names a row's seeds where it has fewer than `seeds`."""
     section = config.get("reproduce", {})
     paper = {k: paper_figure(k, v) for k, v in dict(section.get("paper", {})).items()}
-    protocol_of = dict(section.get("paper_protocol", {}))
+    protocol = section.get("protocol", "own")
+    reasons = dict(section.get("not_comparable", {}) or {})
     rows = []
     for label, runs in measured.items():
         keys = ["own", "cluster", "ari", "clusters", "seconds"]
@@ -198,11 +198,12 @@ def summarise(config: Mapping[str, Any], measured: Mapping[str, Sequence[Mapping
                 != config["eval"]["protocol"]:
             row["eval_protocol"] = protocols[label]   # the entry's own protocol
         if label in paper:
-            protocol = protocol_of.get(label, "own")
-            row.update(paper=paper[label], paper_protocol=protocol,
-                       verdict=verdict(paper[label], stats[protocol]))
+            row.update(paper=paper[label], verdict=(
+                f"not comparable: {reasons[label]}" if label in reasons
+                else verdict(paper[label], stats[protocol], len(runs))))
         rows.append(row)
-    return {"seeds": list(seeds), "eval_protocol": config["eval"]["protocol"], "rows": rows}
+    return {"seeds": list(seeds), "eval_protocol": config["eval"]["protocol"],
+            "protocol": protocol, "rows": rows}
 
 
 def _pm(pair: Sequence[float], digits: int = 2) -> str:
@@ -218,16 +219,18 @@ def markdown(result: Mapping[str, Any]) -> str:
                *(["shares error"] if shares else []), "seconds", "verdict"]
     lines = [f"Seeds {', '.join(str(s) for s in result['seeds'])}; mean ± std in %. `own`: "
              f"the `{result['eval_protocol']}` protocol's figure (each client's own model "
-             f"where the protocol is `local`); `cluster`: each client's served model. The "
-             f"verdict compares the paper's figure with ours under the protocol named; a "
-             f"protocol after an algorithm is that run's own (its compare entry's eval)." +
+             f"where the protocol is `local`); `cluster`: each client's served model. Every "
+             f"verdict compares the paper's figure with our `{result['protocol']}` one: "
+             f"within when |ours - paper| <= 2 sqrt(std_paper^2 + std_ours^2), over at least "
+             f"3 seeds; a protocol after an algorithm is that run's own (its compare entry's "
+             f"eval)." +
              (" `shares error`: the mean total-variation distance between each client's true "
               "source shares and the method's weights on its models (one-hot for a hard "
               "method; 0 is exact)." if shares else ""), "",
              "| " + " | ".join(columns) + " |",
              "| --- |" + " ---: |" * (len(columns) - 2) + " --- |"]
     for row in result["rows"]:
-        paper = (f"{_pm(row['paper'])} ({row['paper_protocol']})" if "paper" in row else "")
+        paper = _pm(row["paper"]) if "paper" in row else ""
         label = row["label"] + (f" (`{row['eval_protocol']}`)" if "eval_protocol" in row
                                 else "")
         if "seeds" in row:   # fewer seeds than the table's
