@@ -9,8 +9,17 @@ update at round 10 (their average-linkage cut at each k), LCFL's loss dissimilar
 matrix and the method's clustering at each k = 2..k_max, then every selector chooses on the
 same record, so the selectors differ in nothing else. Prints ARI (clusters found) a cell.
 
-    nice python benchmarks/k_selectors.py mnist 0 rotation_k4_unequal_p30,iid_p30 \\
-        --methods pacfl,ifca,lcfl --data-dir ../shared/data
+    nice python benchmarks/k_selectors.py mnist,fashion_mnist 0,1,2 \\
+        rotation_k4_unequal_p30,iid_p30 --methods pacfl,ifca,lcfl --data-dir ../shared/data \\
+        --save runs/k-records
+
+With several seeds it ends with a table: each selector's mean ARI over the seeds (the
+clusters it found on each).
+
+`--save DIR` keeps each record (DIR/DATASET-SEED-SCENARIO-METHOD.npz: the distances, the
+candidates, k_max and the truth) and reuses the records already there, and `--load DIR`
+reruns the selectors on the saved records without training, so a new rule is compared on
+exactly the same matrices.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +40,10 @@ from clusterfed.sim.simulation import build_federation_for, run_config
 
 # The round after the one each method clusters in (0-based), at its defaults.
 ROUNDS = {"pacfl": 1, "ifca": 11, "flhc": 11, "lcfl": 10}
+# The methods with the `k_choice` group run with the silhouette selector, the one that calls
+# `choose_clusters` with every candidate (PACFL's default tries HDBSCAN first); the record
+# is the same under any selector.
+WITH_GROUP = frozenset({"pacfl", "ifca", "lcfl"})
 # Where the methods' code looks `choose_clusters` up (FL+HC's cut: hierarchical).
 LOOKUPS = (precomputed, hierarchical, sel)
 
@@ -62,37 +76,121 @@ def recorded_features(config: dict[str, Any], federation: Any
     return calls[0]
 
 
+def record_path(folder: Path, dataset: str, seed: int, scenario: str, method: str) -> Path:
+    return folder / f"{dataset}-{seed}-{scenario}-{method}.npz"
+
+
+def save_record(path: Path, d: np.ndarray, candidates: dict[int, np.ndarray], k_max: int,
+                truth: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, d=d, k_max=k_max, truth=truth,
+                        **{f"k{k}": labels for k, labels in candidates.items()})
+
+
+def load_record(path: Path) -> tuple[np.ndarray, dict[int, np.ndarray], int, np.ndarray]:
+    with np.load(path) as f:
+        candidates = {int(name[1:]): f[name] for name in f.files if name[0] == "k"
+                      and name[1:].isdigit()}
+        return f["d"], candidates, int(f["k_max"]), f["truth"]
+
+
+Result = tuple[float, int]     # ARI against the truth, clusters found
+
+
+def scores(d: np.ndarray, candidates: dict[int, np.ndarray], k_max: int,
+           truth: np.ndarray) -> dict[str, Result]:
+    """Every selector's (ARI, clusters) on one record."""
+    out = {}
+    for name in sel.SELECTORS:
+        labels = sel.select(name, d, candidates.__getitem__, k_max)
+        out[name] = (float(adjusted_rand_score(truth, labels)), len(np.unique(labels)))
+    return out
+
+
+def print_line(cell: tuple[str, int, str, str], k: int, found: dict[str, Result],
+               seconds: float) -> None:
+    dataset, seed, scenario, method = cell
+    text = " | ".join(f"{name} {ari:.3f} ({n})" for name, (ari, n) in found.items())
+    print(f"{dataset} {seed} {scenario} {method} K {k} | {text} [{seconds:.0f} s]", flush=True)
+
+
+def print_table(results: dict[tuple[str, int, str, str], tuple[int, dict[str, Result]]]
+                ) -> None:
+    """Mean ARI over the seeds (clusters found on each) a (dataset, scenario, method)."""
+    rows: dict[tuple[str, str, str], list[tuple[int, int, dict[str, Result]]]] = {}
+    for (dataset, seed, scenario, method), (k, found) in results.items():
+        rows.setdefault((dataset, scenario, method), []).append((seed, k, found))
+    print("\n| dataset | scenario | method | true K | seeds | "
+          + " | ".join(sel.SELECTORS) + " |")
+    print("| --- | --- | --- | ---: | --- | " + " | ".join("---:" for _ in sel.SELECTORS) + " |")
+    for (dataset, scenario, method), runs in rows.items():
+        runs.sort(key=lambda run: run[0])
+        cells = []
+        for name in sel.SELECTORS:
+            mean = np.mean([found[name][0] for _, _, found in runs])
+            counts = "/".join(str(found[name][1]) for _, _, found in runs)
+            cells.append(f"{mean:.3f} ({counts})")
+        seeds = ",".join(str(seed) for seed, _, _ in runs)
+        print(f"| {dataset} | {scenario} | {method} | {runs[0][1]} | {seeds} | "
+              + " | ".join(cells) + " |")
+
+
+def record(args: argparse.Namespace, cell: tuple[str, int, str, str], federation: Any
+           ) -> tuple[tuple[np.ndarray, dict[int, np.ndarray], int, np.ndarray], Any, float]:
+    """The cell's record: saved (`--load`, or `--save` where it exists), else run."""
+    dataset, seed, scenario, method = cell
+    folder = args.load or args.save
+    saved = None if folder is None else record_path(folder, dataset, seed, scenario, method)
+    if saved is not None and (args.load is not None or saved.exists()):
+        return load_record(saved), federation, 0.0
+    overrides = [f"data.root={args.data_dir}", "run.threads=1",
+                 f"train.rounds={ROUNDS[method]}", f"eval.every={ROUNDS[method] + 1}"]
+    if method in WITH_GROUP:
+        overrides.append("algorithm.k_choice.selector=silhouette")
+    config = bench.cell_config(dataset, scenario, seed, method, overrides)
+    federation = federation or build_federation_for(config)
+    start = time.perf_counter()
+    d, candidates, k_max, chosen = recorded_features(config, federation)
+    truth = np.asarray(federation.true_clusters[:len(d)])
+    assert np.array_equal(sel.select("silhouette", d, candidates.__getitem__, k_max),
+                          precomputed.first_appearance_labels(chosen))
+    if saved is not None:
+        save_record(saved, d, candidates, k_max, truth)
+    return (d, candidates, k_max, truth), federation, time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("dataset")
-    parser.add_argument("seed", type=int)
+    parser.add_argument("datasets", help="comma-separated")
+    parser.add_argument("seeds", help="comma-separated")
     parser.add_argument("scenarios", help="comma-separated realistic-tier scenarios")
     parser.add_argument("--methods", default="pacfl,ifca,lcfl",
                         help=f"comma-separated, of {', '.join(ROUNDS)}")
-    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--data-dir", help="the data root (not needed with --load)")
+    parser.add_argument("--save", type=Path, help="keep each record in this folder")
+    parser.add_argument("--load", type=Path,
+                        help="rerun the selectors on records saved here; train nothing")
     args = parser.parse_args()
-    for scenario in args.scenarios.split(","):
-        federation = None
-        for method in args.methods.split(","):
-            config = bench.cell_config(args.dataset, scenario, args.seed, method,
-                                       [f"data.root={args.data_dir}", "run.threads=1",
-                                        f"train.rounds={ROUNDS[method]}",
-                                        f"eval.every={ROUNDS[method] + 1}"])
-            federation = federation or build_federation_for(config)
-            start = time.perf_counter()
-            d, candidates, k_max, chosen = recorded_features(config, federation)
-            truth = federation.true_clusters[:len(d)]
-            found = []
-            cut = candidates.__getitem__
-            for name in sel.SELECTORS:
-                labels = sel.select(name, d, cut, k_max)
-                found.append(f"{name} {adjusted_rand_score(truth, labels):.3f} "
-                             f"({len(np.unique(labels))})")
-            assert np.array_equal(sel.select("silhouette", d, cut, k_max),
-                                  precomputed.first_appearance_labels(chosen))
-            print(f"{args.dataset} {args.seed} {scenario} {method} K "
-                  f"{len(np.unique(federation.true_clusters))} | {' | '.join(found)} "
-                  f"[{time.perf_counter() - start:.0f} s]", flush=True)
+    if args.load is None and args.data_dir is None:
+        parser.error("--data-dir is needed unless --load names saved records")
+    results = {}
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        for dataset in args.datasets.split(","):
+            for scenario in args.scenarios.split(","):
+                federation = None
+                for method in args.methods.split(","):
+                    cell = (dataset, seed, scenario, method)
+                    folder = args.load
+                    if folder is not None and not record_path(folder, *cell).exists():
+                        print(f"no record {record_path(folder, *cell)}", flush=True)
+                        continue
+                    (d, candidates, k_max, truth), federation, seconds = record(
+                        args, cell, federation)
+                    found = scores(d, candidates, k_max, truth)
+                    results[cell] = (len(np.unique(truth)), found)
+                    print_line(cell, len(np.unique(truth)), found, seconds)
+    if len({seed for _, seed, _, _ in results}) > 1:
+        print_table(results)
 
 
 if __name__ == "__main__":

@@ -75,9 +75,11 @@ def _default_value(field: dataclasses.Field[Any]) -> Any:
     return dataclasses.MISSING
 
 
-def _default(field: dataclasses.Field[Any]) -> str:
-    """The field's default as it is written in a config (YAML), or "required"."""
-    value = _default_value(field)
+def _default(field: dataclasses.Field[Any], group: Any = None) -> str:
+    """The field's default as it is written in a config (YAML), or "required"; in an option
+    group, the method's own group's value (a method may default otherwise, e.g. PACFL's
+    selector)."""
+    value = _default_value(field) if group is None else getattr(group, field.name)
     if value is dataclasses.MISSING:
         return "required"
     if isinstance(value, tuple | frozenset | set):
@@ -112,10 +114,10 @@ def method_options(name: str) -> list[tuple[str, str, str]]:
     return options_of(ALGORITHMS.get(name))
 
 
-def options_of(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
+def options_of(cls: type, prefix: str = "", group: Any = None) -> list[tuple[str, str, str]]:
     """(option, default, meaning) for every init field of the dataclass `cls`; a field whose
     default is itself a dataclass (an option group, e.g. `k_choice`) gives one row for each
-    of the group's options, `group.option`."""
+    of the group's options, `group.option`, with the values of the method's default group."""
     comments = field_comments(cls)
     choices = {**literal_choices(cls), **getattr(cls, "_kinds", {})}
     rows = []
@@ -124,12 +126,12 @@ def options_of(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
             continue
         default = _default_value(field)
         if dataclasses.is_dataclass(default):
-            rows += options_of(type(default), f"{prefix}{field.name}.")
+            rows += options_of(type(default), f"{prefix}{field.name}.", default)
             continue
         meaning = comments.get(field.name, "")
         if field.name in choices:
             meaning = f"one of {', '.join(map(str, choices[field.name]))}. {meaning}".strip()
-        rows.append((prefix + field.name, _default(field), meaning))
+        rows.append((prefix + field.name, _default(field, group), meaning))
     return rows
 
 

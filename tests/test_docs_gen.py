@@ -43,8 +43,10 @@ def test_an_option_group_shows_each_of_its_options():
     assert "k_choice" not in rows and rows["k_choice.k"][0] == "null"
     default, meaning = rows["k_choice.selector"]
     assert default == "silhouette"
-    assert meaning.startswith("one of silhouette, eigengap, gap, davies_bouldin, hdbscan.")
-    assert rows["k_choice.min_cluster_size"] == ("3", "hdbscan: the fewest clients of a cluster")
+    assert meaning.startswith("one of silhouette, eigengap, gap, davies_bouldin, hdbscan, "
+                              "hdbscan_silhouette.")
+    assert rows["k_choice.min_cluster_size"] == (
+        "3", "hdbscan(_silhouette): the fewest clients of a cluster")
     # A Literal type (`aggregate.Weighting`) lists its values as a class's `_kinds` would.
     assert rows["weighting"][1].startswith("one of samples, uniform. ")
 
@@ -69,3 +71,11 @@ def test_comments_above_and_beside_a_field_are_joined():
 
     assert field_comments(Toy) == {"a": "above, first line above, second line beside a",
                                    "c": "beside c"}
+
+
+def test_a_group_shows_the_methods_own_defaults():
+    """PACFL's k_choice defaults to another selector than the group's class does."""
+    pacfl = {option: default for option, default, _ in method_options("pacfl")}
+    ifca = {option: default for option, default, _ in method_options("ifca")}
+    assert pacfl["k_choice.selector"] == "hdbscan_silhouette"
+    assert ifca["k_choice.selector"] == "silhouette"

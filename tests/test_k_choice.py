@@ -128,6 +128,8 @@ def test_k_fixed_ignores_the_data():
     ({"name": "lcfl", "k_max": 6, "min_silhouette": None},
      ClusterCount(k_max=6, min_silhouette=None)),
     ({"name": "pacfl", "n_clusters": 2}, ClusterCount(k=2)),
+    ({"name": "pacfl", "min_silhouette": 0.3},
+     ClusterCount(selector="hdbscan_silhouette", min_silhouette=0.3)),
     ({"name": "fedem", "components": 3}, ClusterCount(k=3)),
     ({"name": "fedrc", "components": None}, ClusterCount()),
     ({"name": "fesem", "k": 2, "k_choice": {"k_max": 5}}, ClusterCount(k=2, k_max=5)),
@@ -150,7 +152,8 @@ def test_old_keys_load_from_overrides_and_new_ones_nest():
 
 @pytest.mark.parametrize(("section", "message"), [
     ({"name": "ifca", "k_choice": {"selector": "elbow"}},
-     "k_choice.selector must be one of silhouette, eigengap, gap, davies_bouldin, hdbscan"),
+     "k_choice.selector must be one of silhouette, eigengap, gap, davies_bouldin, hdbscan, "
+     "hdbscan_silhouette, got 'elbow'"),
     ({"name": "ifca", "k_choice": {"k": 0}}, "k_choice.k must be a whole number >= 1"),
     ({"name": "pacfl", "k_choice": {"k_max": 1}}, "k_choice.k_max must be a whole number >= 2"),
     ({"name": "lcfl", "k_choice": {"min_silhouette": 2}}, "k_choice.min_silhouette must be in"),
@@ -172,3 +175,49 @@ def test_a_method_without_the_group_still_refuses_its_keys():
     with pytest.raises(ConfigError, match="unknown config key algorithm.k "):
         build_algorithm({"name": "fedavg", "k": 3})
     assert isinstance(LCFL().k_choice, ClusterCount)
+
+
+def weighted_tree_choice(points: np.ndarray, selector: str) -> np.ndarray:
+    """`selector`'s labels on the points' distances, candidates cut from a weighted tree (as
+    PACFL's)."""
+    from scipy.cluster.hierarchy import fcluster, linkage
+    from scipy.spatial.distance import pdist, squareform
+
+    tree = linkage(pdist(points), "weighted")
+    return selectors.select(selector, squareform(pdist(points)),
+                            lambda k: fcluster(tree, k, "maxclust"), 10)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_hdbscan_silhouette_keeps_a_small_tight_cluster_the_silhouette_merges(seed):
+    rng = np.random.default_rng(seed)
+    points = np.vstack([rng.normal(size=(40, 5)),
+                        0.1 * rng.normal(size=(4, 5)) + [4, 0, 0, 0, 0]])
+    truth = np.repeat([0, 1], [40, 4])
+    assert weighted_tree_choice(points, "silhouette").max() == 0       # the case's premise
+    found = weighted_tree_choice(points, "hdbscan_silhouette")
+    assert adjusted_rand_score(truth, found) == 1.0
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_hdbscan_silhouette_parts_diffuse_groups_that_hdbscan_calls_one(seed):
+    rng = np.random.default_rng(seed)
+    points = np.vstack([rng.uniform(-1, 1, size=(20, 5)),
+                        rng.uniform(-1, 1, size=(20, 5)) + [3, 0, 0, 0, 0]])
+    truth = np.repeat([0, 1], 20)
+    assert weighted_tree_choice(points, "hdbscan").max() == 0          # the case's premise
+    found = weighted_tree_choice(points, "hdbscan_silhouette")
+    assert adjusted_rand_score(truth, found) == 1.0
+
+
+def test_pacfl_defaults_to_hdbscan_silhouette_and_keeps_it_under_other_keys():
+    assert PACFL().k_choice.selector == "hdbscan_silhouette"
+    assert build_algorithm({"name": "pacfl"}).k_choice.selector == "hdbscan_silhouette"
+    assert build_algorithm({"name": "pacfl", "k_choice": {"k_max": 5}}).k_choice == \
+        ClusterCount(selector="hdbscan_silhouette", k_max=5)
+    assert build_algorithm({"name": "pacfl", "k_choice": {"selector": "silhouette"}}
+                           ).k_choice == ClusterCount()
+    # k fixed (the old n_clusters) takes no selector from the default: no conflict
+    assert build_algorithm({"name": "pacfl", "k_choice": {"k": 3}}).k_choice == ClusterCount(k=3)
+    assert build_algorithm({"name": "ifca", "k_choice": {"k_max": 5}}).k_choice.selector == \
+        "silhouette"

@@ -25,7 +25,8 @@ FLAT_KEYS = ("k", "k_max", "min_silhouette")
 # Each selector's own parameters among the group's fields.
 SELECTOR_PARAMS = {"silhouette": ("min_silhouette",), "eigengap": ("neighbours",),
                    "gap": ("references",), "davies_bouldin": (),
-                   "hdbscan": ("min_cluster_size",)}
+                   "hdbscan": ("min_cluster_size",),
+                   "hdbscan_silhouette": ("min_cluster_size", "min_silhouette")}
 
 
 def _whole(value: object) -> bool:
@@ -39,14 +40,16 @@ class ClusterCount:
     k: int | None = None           # K fixed; null: from the data, by the selector
     k_max: int = 10                # the most clusters a selector considers
     # silhouette: the most clusters whose every one reaches min_silhouette; eigengap of the
-    # affinity graph; gap statistic; davies_bouldin (never one cluster); hdbscan
+    # affinity graph; gap statistic; davies_bouldin (never one cluster); hdbscan;
+    # hdbscan_silhouette (whichever of the two finds more clusters). A method may default to
+    # another (PACFL: hdbscan_silhouette)
     selector: str = "silhouette"
     # silhouette: a cluster's least mean silhouette, below it one cluster; null: the best
     # mean silhouette over k = 2..k_max (never one cluster), where a method allows it
     min_silhouette: float | None = NO_STRUCTURE
     neighbours: int = 3            # eigengap: each client's scale, its distance to this neighbour
     references: int = 10           # gap: uniform reference data sets
-    min_cluster_size: int = 3      # hdbscan: the fewest clients of a cluster
+    min_cluster_size: int = 3      # hdbscan(_silhouette): the fewest clients of a cluster
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {"selector": selectors.SELECTORS}
 
     def __post_init__(self) -> None:
@@ -73,19 +76,26 @@ class ClusterCount:
                                  f"got {value!r}")
 
     @classmethod
-    def of(cls, value: ClusterCount | Mapping[str, Any] | None) -> ClusterCount:
-        """The group from a config's mapping (or itself); an unknown key fails naming it."""
+    def of(cls, value: ClusterCount | Mapping[str, Any] | None,
+           default: ClusterCount | None = None) -> ClusterCount:
+        """The group from a config's mapping (or itself); the keys it leaves out come from
+        `default`, the method's own group (else the class's defaults); a mapping that fixes
+        `k` takes no selector from it. An unknown key fails naming it."""
         if isinstance(value, cls):
             return value
+        base = default if default is not None else cls()
         if value is None:
-            return cls()
+            return base
         if not isinstance(value, Mapping):
             raise ValueError(f"{GROUP} must be a mapping of its options, got {value!r}")
         known = [f.name for f in fields(cls)]
         for key in value:
             if key not in known:
                 raise ValueError(f"unknown option {GROUP}.{key}; valid: {', '.join(known)}")
-        return cls(**value)
+        inherited = {name: getattr(base, name) for name in known}
+        if value.get("k") is not None and "selector" not in value:
+            inherited["selector"] = cls().selector
+        return cls(**{**inherited, **value})
 
     @property
     def params(self) -> dict[str, Any]:

@@ -17,6 +17,8 @@ for a given k (`labels_for_k`, used by the rules that score candidate clustering
 |                |                                                             | candidate)|
 | hdbscan        | scikit-learn's HDBSCAN on d; noise joins its nearest        | yes       |
 |                | cluster                                                     |           |
+| hdbscan_       | whichever of hdbscan and silhouette finds more clusters     | yes       |
+| silhouette     | (the silhouette's on a tie; PACFL's default)                |           |
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from clusterfed.clustering.precomputed import (
 )
 
 LabelsForK = Callable[[int], np.ndarray]
-SELECTORS = ("silhouette", "eigengap", "gap", "davies_bouldin", "hdbscan")
+SELECTORS = ("silhouette", "eigengap", "gap", "davies_bouldin", "hdbscan", "hdbscan_silhouette")
 
 
 def _one(d: np.ndarray) -> np.ndarray:
@@ -177,12 +179,26 @@ def hdbscan_selector(d: np.ndarray, labels_for_k: LabelsForK, k_max: int,
     return first_appearance_labels(np.where(clustered, labels, labels[nearest]))
 
 
+def hdbscan_silhouette_selector(d: np.ndarray, labels_for_k: LabelsForK, k_max: int,
+                                min_cluster_size: int = 3,
+                                min_silhouette: float | None = NO_STRUCTURE) -> np.ndarray:
+    """Of HDBSCAN's clustering and the silhouette rule's, the one with more clusters (the
+    silhouette's on a tie). Each errs by merging, not splitting: the silhouette's floor
+    merges a small cluster into a near one, HDBSCAN's most stable clusters can be the parents
+    of tight groups, and two diffuse groups can be one density to it; neither split an iid
+    federation where measured (docs/benchmark.md, "Selectors")."""
+    density = hdbscan_selector(d, labels_for_k, k_max, min_cluster_size)
+    silhouette = silhouette_selector(d, labels_for_k, k_max, min_silhouette)
+    return density if density.max() > silhouette.max() else silhouette
+
+
 def select(name: str, d: np.ndarray, labels_for_k: LabelsForK, k_max: int,
            params: Mapping[str, Any] | None = None) -> np.ndarray:
     """The named selector's labels (`SELECTORS`), with its parameters."""
     rules: dict[str, Callable[..., np.ndarray]] = {
         "silhouette": silhouette_selector, "eigengap": eigengap_selector, "gap": gap_selector,
-        "davies_bouldin": davies_bouldin_selector, "hdbscan": hdbscan_selector}
+        "davies_bouldin": davies_bouldin_selector, "hdbscan": hdbscan_selector,
+        "hdbscan_silhouette": hdbscan_silhouette_selector}
     if name not in rules:
         raise ValueError(f"unknown selector {name!r}; valid: {', '.join(SELECTORS)}")
     return rules[name](d, labels_for_k, k_max, **dict(params or {}))

@@ -57,6 +57,9 @@ UNASSIGNED = -1
 NO_PARAMS = np.zeros(0, dtype=np.float32)
 
 
+DEFAULT_K_CHOICE = ClusterCount(selector="hdbscan_silhouette")
+
+
 @serialisable
 @dataclass(frozen=True)
 class PACFLState:
@@ -75,13 +78,14 @@ class PACFLState:
 class PACFL:
     # The cut: at beta degrees (the paper's rule; the code's default 3.5), into k_choice.k
     # (an extension; the old key n_clusters), or (neither given, the default) by the
-    # k_choice selector on A, by default into the most clusters, up to k_max, whose every
-    # cluster has a mean silhouette on A of at least min_silhouette, else one (beta depends
-    # on the data's dimension, p and the measure; the silhouette compares within- and
-    # between-cluster angles and does not).
+    # k_choice selector on A: by default HDBSCAN's clusters of A where it finds more than
+    # one, else the most clusters, up to k_max, whose every cluster has a mean silhouette on
+    # A of at least min_silhouette, else one (beta depends on the data's dimension, p and the
+    # measure; neither rule does). HDBSCAN keeps 3-5-client feature clusters apart that the
+    # silhouette's floor merges (docs/benchmark.md, "Selectors").
     beta: float | None = None            # HC threshold in degrees
     linkage: str = "weighted"            # or average / complete / single
-    k_choice: ClusterCount = ClusterCount()
+    k_choice: ClusterCount = DEFAULT_K_CHOICE
     measure: str = "min_pair"            # or principal_min / ordered_sum / principal_sum
     absolute: bool = True                # min_pair without |.|: the authors' code
     p: int = 3                           # singular vectors per block
@@ -112,7 +116,7 @@ class PACFL:
         aggregation_weights(np.ones(1), self.weighting)
         if self.beta is not None and not self.beta >= 0:
             raise ValueError(f"beta (degrees) must be >= 0, got {self.beta}")
-        object.__setattr__(self, "k_choice", ClusterCount.of(self.k_choice))
+        object.__setattr__(self, "k_choice", ClusterCount.of(self.k_choice, DEFAULT_K_CHOICE))
         if self.p < 1:
             raise ValueError(f"p must be at least 1, got {self.p}")
         if self.budget is not None and (self.budget < 1 or self.signature != "per_class"):
