@@ -160,6 +160,31 @@ def test_dirichlet_counts_cover_every_sample() -> None:
         part.dirichlet_counts(sizes, 20, 0.5, np.random.default_rng(2), min_size=10)
 
 
+def test_a_draw_no_rejection_satisfies_is_topped_up() -> None:
+    """A client whose quantity-skew share is 2 samples of 400 rarely reaches 10 by the draw
+    (the realistic tier's MNIST seed 5): after max_tries the last draw is topped up."""
+    sizes = np.array([100, 100, 100, 100])
+    weights = np.array([1.0, 40.0, 40.0, 40.0, 40.0, 40.0, 40.0, 40.0, 40.0, 40.0]) / 361
+    counts, draws = part.dirichlet_counts(sizes, 10, 0.1, np.random.default_rng(0), min_size=10,
+                                          weights=weights, max_tries=3)
+    assert draws == 4
+    np.testing.assert_array_equal(counts.sum(axis=0), sizes)
+    assert counts.sum(axis=1).min() == 10
+    # By hand: the poorest takes one of the richest client's most plentiful class.
+    np.testing.assert_array_equal(part.top_up(np.array([[0, 1], [5, 2]]), 2),
+                                  [[1, 1], [4, 2]])
+
+
+def test_a_draw_rejection_satisfies_is_the_rejections() -> None:
+    """Topping up never touches a draw NIID-Bench's rule accepts: the same counts as the
+    rejection alone (max_tries large), whatever max_tries."""
+    sizes = np.array([50, 70, 40])
+    first, draws = part.dirichlet_counts(sizes, 6, 0.5, np.random.default_rng(7), min_size=5)
+    again, _ = part.dirichlet_counts(sizes, 6, 0.5, np.random.default_rng(7), min_size=5,
+                                     max_tries=draws)
+    np.testing.assert_array_equal(first, again)
+
+
 # ---------------------------------------------------------------- label_skew
 
 

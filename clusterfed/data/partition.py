@@ -162,6 +162,11 @@ def dirichlet_counts(sizes: np.ndarray, n_clients: int, alpha: float, rng: np.ra
     A client already holding at least its fair share (n / N, or its quantity-skew share) gets
     no more of later classes (the balance trick). The whole draw is repeated until every client
     has at least `min_size` samples. Returns the counts and the number of draws it took.
+
+    Where no draw in `max_tries` gets there (a quantity-skewed client whose fair share is a few
+    samples), the last draw's short clients are topped up (`top_up`) and the draws returned are
+    max_tries + 1, so a federation NIID-Bench's rule can build is the same, and one it cannot is
+    still built.
     """
     if alpha <= 0:
         raise ConfigError(f"the Dirichlet alpha must be > 0, got {alpha}")
@@ -173,6 +178,7 @@ def dirichlet_counts(sizes: np.ndarray, n_clients: int, alpha: float, rng: np.ra
         )
     w = np.ones(n_clients) if weights is None else np.asarray(weights, dtype=np.float64)
     fair = total * w / w.sum()
+    counts = np.zeros((n_clients, len(sizes)), dtype=np.int64)
     for attempt in range(1, max_tries + 1):
         counts = np.zeros((n_clients, len(sizes)), dtype=np.int64)
         held = np.zeros(n_clients, dtype=np.int64)
@@ -187,10 +193,23 @@ def dirichlet_counts(sizes: np.ndarray, n_clients: int, alpha: float, rng: np.ra
             held += counts[:, j]
         if held.min() >= min_size:
             return counts, attempt
-    raise ConfigError(
-        f"dirichlet: no draw gave every one of {n_clients} clients at least {min_size} samples "
-        f"in {max_tries} attempts (alpha={alpha}); raise alpha or lower min_size"
-    )
+    return top_up(counts, min_size), max_tries + 1
+
+
+def top_up(counts: np.ndarray, min_size: int) -> np.ndarray:
+    """Counts (clients x classes) with every client at `min_size` or more: the client with the
+    fewest samples takes one of the richest client's most plentiful class, until none is short
+    (each class's total kept; the rich keep their label skew, the short gain some of it)."""
+    counts = counts.copy()
+    held = counts.sum(axis=1)
+    while held.min() < min_size:
+        poor, rich = int(np.argmin(held)), int(np.argmax(held))
+        label = int(np.argmax(counts[rich]))
+        counts[rich, label] -= 1
+        counts[poor, label] += 1
+        held[rich] -= 1
+        held[poor] += 1
+    return counts
 
 
 def shard_partition(labels: np.ndarray, n_clients: int, shards_per_client: int,
