@@ -180,15 +180,14 @@ def main() -> None:
                 federation = None
                 for method in args.methods.split(","):
                     cell = (dataset, seed, scenario, method)
-                    folder = args.load
-                    if folder is not None and not record_path(folder, *cell).exists():
-                        print(f"no record {record_path(folder, *cell)}", flush=True)
+                    if args.load is not None and not record_path(args.load, *cell).exists():
+                        print(f"no record {record_path(args.load, *cell)}", flush=True)
                         continue
                     (d, candidates, k_max, truth), federation, seconds = record(
                         args, cell, federation)
                     found = scores(d, candidates, k_max, truth)
                     results[cell] = (len(np.unique(truth)), found)
-                    print_line(cell, len(np.unique(truth)), found, seconds)
+                    print_line(cell, *results[cell], seconds)
     if len({seed for _, seed, _, _ in results}) > 1:
         print_table(results)
 

@@ -78,11 +78,11 @@ class PACFLState:
 class PACFL:
     # The cut: at beta degrees (the paper's rule; the code's default 3.5), into k_choice.k
     # (an extension; the old key n_clusters), or (neither given, the default) by the
-    # k_choice selector on A: by default HDBSCAN's clusters of A where it finds more than
-    # one, else the most clusters, up to k_max, whose every cluster has a mean silhouette on
-    # A of at least min_silhouette, else one (beta depends on the data's dimension, p and the
-    # measure; neither rule does). HDBSCAN keeps 3-5-client feature clusters apart that the
-    # silhouette's floor merges (docs/benchmark.md, "Selectors").
+    # k_choice selector on A: by default, of HDBSCAN's clusters of A and the tree's cut into
+    # the most clusters, up to k_max, whose every cluster has a mean silhouette on A of at
+    # least min_silhouette (else one), the one with more clusters (beta depends on the data's
+    # dimension, p and the measure; neither rule does). HDBSCAN keeps 3-5-client feature
+    # clusters apart that the silhouette's floor merges (docs/benchmark.md, "Selectors").
     beta: float | None = None            # HC threshold in degrees
     linkage: str = "weighted"            # or average / complete / single
     k_choice: ClusterCount = DEFAULT_K_CHOICE
