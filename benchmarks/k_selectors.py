@@ -43,8 +43,9 @@ ROUNDS = {"pacfl": 1, "ifca": 11, "flhc": 11, "lcfl": 10}
 # The methods with the `k_choice` group run with the silhouette selector, the one that calls
 # `choose_clusters` with every candidate (PACFL's default tries HDBSCAN first); the record
 # is the same under any selector.
-WITH_GROUP = frozenset({"pacfl", "ifca", "lcfl"})
-# Where the methods' code looks `choose_clusters` up (FL+HC's cut: hierarchical).
+WITH_GROUP = frozenset({"pacfl", "ifca", "flhc", "lcfl"})
+# Where the methods' code looks `choose_clusters` up (FL+HC's `threshold_mode: silhouette`:
+# hierarchical).
 LOOKUPS = (precomputed, hierarchical, sel)
 
 

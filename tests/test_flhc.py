@@ -42,6 +42,57 @@ def test_bad_options_are_config_errors():
             build_algorithm({"name": "flhc", **bad})
 
 
+def test_k_choice_modes_options_are_checked():
+    with pytest.raises(ConfigError, match="reads no threshold"):
+        build_algorithm({"name": "flhc", "threshold": 0.3})
+    with pytest.raises(ConfigError, match="k_choice is read by threshold_mode 'k_choice'"):
+        build_algorithm({"name": "flhc", "threshold_mode": "absolute", "threshold": 3.0,
+                         "k_choice": {"selector": "gap"}})
+    # The shared group's flat keys reach FL+HC's group too.
+    assert build_algorithm({"name": "flhc", "k_max": 4}).k_choice.k_max == 4
+
+
+def cluster_once(algo, setup, updates):
+    state = algo.init(setup)
+    ctx = RoundContext(0, np.arange(setup.num_clients), SPEC)
+    return algo.update(state, ctx, fake_results(algo.plan(state, ctx), updates))
+
+
+def test_the_default_cut_is_the_k_choice_groups_choice():
+    """Three tight direction groups in two pairs: group 2 is near group 0. The silhouette
+    rule at 0.25 (the default) takes the three; k_choice.k = 2 cuts the tree into two,
+    merging the near pair; k_max 2 lets the silhouette rule see no more than two; the old
+    "silhouette" mode is the default's rule."""
+    n, d = 12, 6
+    truth = np.arange(n) % 3
+    directions = np.array([[1, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0], [1, 0.45, 0, 0, 0, 0]])
+    rng = np.random.default_rng(1)
+    updates = (directions[truth] + 0.02 * rng.normal(size=(n, d))).astype(np.float32)
+    setup = Setup(n, np.zeros(d, dtype=np.float32), np.full(n, 10), seed=5)
+    default = cluster_once(FLHC(rounds_before_clustering=0), setup, updates)
+    np.testing.assert_array_equal(default.state.assignment, truth)
+    assert default.events[0]["threshold_mode"] == "k_choice"
+    assert default.events[0]["threshold"] is None
+    old = cluster_once(FLHC(rounds_before_clustering=0, threshold_mode="silhouette"), setup,
+                       updates)
+    np.testing.assert_array_equal(old.state.assignment, truth)
+    two = np.where(truth == 2, 0, truth)
+    for options in ({"k": 2}, {"k_max": 2}):
+        got = cluster_once(FLHC(rounds_before_clustering=0, k_choice=options), setup, updates)
+        np.testing.assert_array_equal(got.state.assignment, two)
+    # Two noisy groups 0.1 apart: the default's floor (0.25) cuts two clusters; k_choice's
+    # floor at 0 lets a third (silhouette 0.21) through.
+    pair = np.arange(n) % 2
+    near = np.array([[1, 0, 0, 0, 0, 0], [1, 0.1, 0, 0, 0, 0]])
+    rng = np.random.default_rng(1)
+    updates = (near[pair] + 0.05 * rng.normal(size=(n, d))).astype(np.float32)
+    kept = cluster_once(FLHC(rounds_before_clustering=0), setup, updates)
+    assert kept.state.assignment.max() + 1 == 2
+    floor = cluster_once(FLHC(rounds_before_clustering=0, k_choice={"min_silhouette": 0.0}),
+                         setup, updates)
+    assert floor.state.assignment.max() + 1 == 3
+
+
 def test_clustering_round_tasks_every_client_whatever_the_sample():
     setup, updates, truth = clustering_setup()
     algo = FLHC(rounds_before_clustering=2, metric="l2", linkage="average",
@@ -66,7 +117,7 @@ def test_clustering_round_tasks_every_client_whatever_the_sample():
 def test_clusters_can_start_from_their_clustering_round_updates():
     setup, updates, truth = clustering_setup()
     algo = FLHC(rounds_before_clustering=0, metric="cosine", linkage="complete",
-                threshold=0.5, reuse_clustering_updates=True)
+                threshold=0.5, threshold_mode="silhouette", reuse_clustering_updates=True)
     state = algo.init(setup)
     ctx = RoundContext(0, np.arange(9), SPEC)
     upd = algo.update(state, ctx, fake_results(algo.plan(state, ctx), updates))

@@ -16,7 +16,9 @@ models start from w_n (A4; `reuse_clustering_updates` starts them from the membe
 clustering-round models and counts that round as round n+1); floor in A5 (`cluster_rounding`);
 participant-normalised FedAvg weights (A14). Because tau depends on the update scale (A12), the
 threshold may also be relative to the largest merge height, or a number of clusters. The
-default cut is chosen from the data (`threshold_mode="silhouette"`); the paper presets keep tau.
+default cut is chosen from the data (`threshold_mode="k_choice"`: the tree cut into the K that
+the shared `k_choice` group chooses, by default the silhouette rule); the paper presets keep
+tau.
 
 What it can see: whatever makes one round's updates from the global model differ: concept,
 feature and label shift alike.
@@ -44,6 +46,7 @@ from clusterfed.algorithms.base import (
     Update,
     check_choices,
 )
+from clusterfed.algorithms.options import ClusterCount
 from clusterfed.clustering import hierarchical as hc
 from clusterfed.state import serialisable
 from clusterfed.tasks import ClientResult, ClientTask, TaskKind
@@ -94,12 +97,16 @@ class FLHC:
     # paper's L2 / Ward is what its presets use.
     metric: str = "cosine"               # l1 | l2 | cosine
     linkage: str = "average"             # single | complete | average | ward (l2 only)
-    # The cut. Default: the most clusters whose every one has a mean silhouette of at least
-    # 0.25 (else one), because the paper's tau is on the updates' scale (A12), which the
-    # model, the learning rate and the data set. "absolute" with the paper's tau (block A:
-    # 3.0 MNIST, 10.0 FEMNIST) is what the paper presets use. None: the mode's default.
+    # The cut. Default (`k_choice`): the tree cut into the K the `k_choice` group chooses (by
+    # default the most clusters whose every one has a mean silhouette of at least 0.25, else
+    # one), because the paper's tau is on the updates' scale (A12), which the model, the
+    # learning rate and the data set. "absolute" with the paper's tau (block A: 3.0 MNIST,
+    # 10.0 FEMNIST) is what the paper presets use. "silhouette" reads `threshold` as that least
+    # silhouette. None: the mode's default (k_choice reads no threshold).
     threshold: float | None = None
-    threshold_mode: str = "silhouette"   # silhouette | absolute | relative | median | clusters
+    # k_choice | silhouette | absolute | relative | median | clusters
+    threshold_mode: str = "k_choice"
+    k_choice: ClusterCount = ClusterCount()
     features: str = "update"             # update (A1) | weights
     reuse_clustering_updates: bool = False   # A4: clusters start from their clustering round
     participation: float | None = None   # C inside clusters; None: the run's sampled fraction
@@ -119,7 +126,17 @@ class FLHC:
 
     def __post_init__(self) -> None:
         hc.check_metric_linkage(self.metric, self.linkage)
-        hc.check_threshold(self.threshold_mode, self.cut_threshold)
+        object.__setattr__(self, "k_choice", ClusterCount.of(self.k_choice))
+        if self.threshold_mode == "k_choice":
+            if self.threshold is not None:
+                raise ValueError(f"threshold_mode 'k_choice' reads no threshold (got "
+                                 f"{self.threshold}): set k_choice.k or "
+                                 f"k_choice.min_silhouette, or another threshold_mode")
+        else:
+            hc.check_threshold(self.threshold_mode, self.cut_threshold)
+            if self.k_choice != ClusterCount():
+                raise ValueError(f"k_choice is read by threshold_mode 'k_choice' only; "
+                                 f"threshold_mode is {self.threshold_mode!r}")
         check_choices(self, self._kinds)
         if isinstance(self.rounds_before_clustering, bool) or \
                 not isinstance(self.rounds_before_clustering, int) or \
@@ -142,6 +159,9 @@ class FLHC:
 
     @property
     def cut_threshold(self) -> float:
+        """The threshold the mode reads (nan for k_choice, which reads its group)."""
+        if self.threshold_mode == "k_choice":
+            return float("nan")
         if self.threshold is not None:
             return float(self.threshold)
         if self.threshold_mode not in hc.DEFAULT_THRESHOLDS:
@@ -208,6 +228,16 @@ class FLHC:
                             "cluster_sizes": sizes.tolist()}}
         return Update(replace(state, models=models), metrics)
 
+    def _tree(self, vectors: np.ndarray) -> hc.Dendrogram:
+        """The dendrogram of the clustering round's vectors, cut by the threshold rule."""
+        if self.threshold_mode != "k_choice":
+            return hc.hierarchical_clusters(vectors, self.metric, self.linkage,
+                                            self.cut_threshold, self.threshold_mode)
+        if self.k_choice.k is not None:
+            return hc.hierarchical_clusters(vectors, self.metric, self.linkage,
+                                            self.k_choice.k, "clusters")
+        return hc.chosen_clusters(vectors, self.metric, self.linkage, self.k_choice.choose)
+
     def _cluster(self, state: FLHCState, results: Sequence[ClientResult]) -> Update:
         """Alg. 1 lines 10-12: hierarchical clustering of the clustering round's updates."""
         results = sorted(results, key=lambda r: r.client)
@@ -217,8 +247,7 @@ class FLHC:
         base = state.models[0]
         updates = np.stack([r.update for r in results])
         vectors = updates if self.features == "update" else updates + base[None]
-        tree = hc.hierarchical_clusters(vectors, self.metric, self.linkage, self.cut_threshold,
-                                        self.threshold_mode)
+        tree = self._tree(vectors)
         labels = tree.labels
         weights = aggregation_weights(np.array([r.num_samples for r in results]),
                                       self.weighting)
@@ -233,7 +262,8 @@ class FLHC:
         cut = None if np.isnan(tree.threshold) else tree.threshold
         event = {"type": "hierarchical_clustering", "metric": self.metric,
                  "linkage": self.linkage, "threshold_mode": self.threshold_mode,
-                 "threshold": self.cut_threshold, "cut_height": cut,
+                 "threshold": None if np.isnan(self.cut_threshold) else self.cut_threshold,
+                 "cut_height": cut,
                  "clients": clients.tolist(), "labels": labels.tolist(),
                  "tree": np.round(tree.linkage, 8).tolist(),
                  "n_clusters": len(models), "cluster_sizes": sizes.tolist(),
