@@ -125,3 +125,16 @@ def digits_client(samples: int) -> tuple[Any, FlatModel, torch.Tensor, torch.Ten
     x = torch.rand(samples, 1, 8, 8)
     y = torch.randint(0, 10, (samples,))
     return module, FlatModel(module), x, y
+
+
+def weak_groups(seed=0, noise=0.2, n=40, d=50):
+    """Four equal groups of update directions (a shared direction plus one of four) under
+    noise that puts every group's silhouette under 0.25, and the same clients with no groups."""
+    rng = np.random.default_rng(seed)
+    truth = np.arange(n) % 4
+    shared = np.zeros(d)
+    shared[10] = 3.0
+    own = np.eye(d)[:4]
+    grouped = (shared + own[truth] + noise * rng.normal(size=(n, d))).astype(np.float32)
+    alike = (shared + noise * rng.normal(size=(n, d))).astype(np.float32)
+    return truth, grouped, alike

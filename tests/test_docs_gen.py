@@ -42,9 +42,9 @@ def test_an_option_group_shows_each_of_its_options():
     rows = {option: (default, meaning) for option, default, meaning in method_options("ifca")}
     assert "k_choice" not in rows and rows["k_choice.k"][0] == "null"
     default, meaning = rows["k_choice.selector"]
-    assert default == "silhouette"
+    assert default == "silhouette_gap"      # IFCA's own default, not the group's
     assert meaning.startswith("one of silhouette, eigengap, gap, davies_bouldin, hdbscan, "
-                              "hdbscan_silhouette.")
+                              "hdbscan_silhouette, silhouette_gap.")
     assert rows["k_choice.min_cluster_size"] == (
         "3", "hdbscan(_silhouette): the fewest clients of a cluster")
     # A Literal type (`aggregate.Weighting`) lists its values as a class's `_kinds` would.
@@ -74,8 +74,10 @@ def test_comments_above_and_beside_a_field_are_joined():
 
 
 def test_a_group_shows_the_methods_own_defaults():
-    """PACFL's k_choice defaults to another selector than the group's class does."""
+    """PACFL's and IFCA's k_choice default to other selectors than the group's class does."""
     pacfl = {option: default for option, default, _ in method_options("pacfl")}
     ifca = {option: default for option, default, _ in method_options("ifca")}
+    lcfl = {option: default for option, default, _ in method_options("lcfl")}
     assert pacfl["k_choice.selector"] == "hdbscan_silhouette"
-    assert ifca["k_choice.selector"] == "silhouette"
+    assert ifca["k_choice.selector"] == "silhouette_gap"
+    assert lcfl["k_choice.selector"] == "silhouette"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import tiny_config
+from helpers import tiny_config, weak_groups
 
 from clusterfed.algorithms import RoundContext, Setup, build_algorithm
 from clusterfed.algorithms.flhc.algorithm import FLHC, clients_in_cluster, sample_in_cluster
@@ -47,7 +47,7 @@ def test_k_choice_modes_options_are_checked():
         build_algorithm({"name": "flhc", "threshold": 0.3})
     with pytest.raises(ConfigError, match="k_choice is read by threshold_mode 'k_choice'"):
         build_algorithm({"name": "flhc", "threshold_mode": "absolute", "threshold": 3.0,
-                         "k_choice": {"selector": "gap"}})
+                         "k_choice": {"selector": "eigengap"}})
     # The shared group's flat keys reach FL+HC's group too.
     assert build_algorithm({"name": "flhc", "k_max": 4}).k_choice.k_max == 4
 
@@ -59,10 +59,9 @@ def cluster_once(algo, setup, updates):
 
 
 def test_the_default_cut_is_the_k_choice_groups_choice():
-    """Three tight direction groups in two pairs: group 2 is near group 0. The silhouette
-    rule at 0.25 (the default) takes the three; k_choice.k = 2 cuts the tree into two,
-    merging the near pair; k_max 2 lets the silhouette rule see no more than two; the old
-    "silhouette" mode is the default's rule."""
+    """Three tight direction groups, group 2 near group 0: the default (`silhouette_gap`) and the
+    old silhouette mode take the three; k_choice.k = 2 cuts the tree into two, merging the near
+    pair; k_max 2 lets the selector see no more than two."""
     n, d = 12, 6
     truth = np.arange(n) % 3
     directions = np.array([[1, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0], [1, 0.45, 0, 0, 0, 0]])
@@ -80,17 +79,34 @@ def test_the_default_cut_is_the_k_choice_groups_choice():
     for options in ({"k": 2}, {"k_max": 2}):
         got = cluster_once(FLHC(rounds_before_clustering=0, k_choice=options), setup, updates)
         np.testing.assert_array_equal(got.state.assignment, two)
-    # Two noisy groups 0.1 apart: the default's floor (0.25) cuts two clusters; k_choice's
-    # floor at 0 lets a third (silhouette 0.21) through.
+    # Two noisy groups 0.1 apart: the silhouette rule's floor (0.25) cuts two clusters; at 0
+    # it lets a third (silhouette 0.21) through.
     pair = np.arange(n) % 2
     near = np.array([[1, 0, 0, 0, 0, 0], [1, 0.1, 0, 0, 0, 0]])
     rng = np.random.default_rng(1)
     updates = (near[pair] + 0.05 * rng.normal(size=(n, d))).astype(np.float32)
-    kept = cluster_once(FLHC(rounds_before_clustering=0), setup, updates)
+    rule = {"selector": "silhouette"}
+    kept = cluster_once(FLHC(rounds_before_clustering=0, k_choice=rule), setup, updates)
     assert kept.state.assignment.max() + 1 == 2
-    floor = cluster_once(FLHC(rounds_before_clustering=0, k_choice={"min_silhouette": 0.0}),
-                         setup, updates)
+    floor = cluster_once(FLHC(rounds_before_clustering=0,
+                              k_choice={**rule, "min_silhouette": 0.0}), setup, updates)
     assert floor.state.assignment.max() + 1 == 3
+
+
+def test_the_default_finds_groups_the_silhouette_rule_calls_one_and_no_group_in_none():
+    """FL+HC's and IFCA's default (options.UPDATES_K_CHOICE: the silhouette rule, else the gap
+    statistic) finds the four groups whose silhouettes fall under the silhouette rule's floor
+    (which says one), and one cluster where there is none."""
+    truth, grouped, alike = weak_groups()
+    setup = Setup(len(truth), np.zeros(grouped.shape[1], dtype=np.float32),
+                  np.full(len(truth), 10), seed=5)
+    default = cluster_once(FLHC(rounds_before_clustering=0), setup, grouped)
+    np.testing.assert_array_equal(default.state.assignment, truth)
+    rule = cluster_once(FLHC(rounds_before_clustering=0, k_choice={"selector": "silhouette"}),
+                        setup, grouped)
+    assert rule.state.assignment.max() == 0
+    assert cluster_once(FLHC(rounds_before_clustering=0), setup, alike
+                        ).state.assignment.max() == 0
 
 
 def test_clustering_round_tasks_every_client_whatever_the_sample():

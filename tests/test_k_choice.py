@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import weak_groups
 from sklearn.metrics import adjusted_rand_score
 
 from clusterfed import config as cfg
@@ -30,8 +31,8 @@ SAYS_ONE = tuple(s for s in SELECTORS if s != "davies_bouldin")
 def count(selector: str) -> ClusterCount:
     """The selector's group; the gap statistic's k-means of references is the slow part, so
     fewer k's and references (four clusters need neither ten)."""
-    if selector == "gap":
-        return ClusterCount(selector="gap", k_max=6, references=3)
+    if selector in ("gap", "silhouette_gap"):
+        return ClusterCount(selector=selector, k_max=6, references=3)
     return ClusterCount(selector=selector)
 
 
@@ -124,7 +125,8 @@ def test_k_fixed_ignores_the_data():
 
 @pytest.mark.parametrize(("section", "expected"), [
     ({"name": "ifca", "k": 4}, ClusterCount(k=4)),
-    ({"name": "ifca", "min_silhouette": 0.3}, ClusterCount(min_silhouette=0.3)),
+    ({"name": "ifca", "min_silhouette": 0.3},
+     ClusterCount(selector="silhouette_gap", min_silhouette=0.3)),
     ({"name": "lcfl", "k_max": 6, "min_silhouette": None},
      ClusterCount(k_max=6, min_silhouette=None)),
     ({"name": "pacfl", "n_clusters": 2}, ClusterCount(k=2)),
@@ -153,7 +155,7 @@ def test_old_keys_load_from_overrides_and_new_ones_nest():
 @pytest.mark.parametrize(("section", "message"), [
     ({"name": "ifca", "k_choice": {"selector": "elbow"}},
      "k_choice.selector must be one of silhouette, eigengap, gap, davies_bouldin, hdbscan, "
-     "hdbscan_silhouette, got 'elbow'"),
+     "hdbscan_silhouette, silhouette_gap, got 'elbow'"),
     ({"name": "ifca", "k_choice": {"k": 0}}, "k_choice.k must be a whole number >= 1"),
     ({"name": "pacfl", "k_choice": {"k_max": 1}}, "k_choice.k_max must be a whole number >= 2"),
     ({"name": "lcfl", "k_choice": {"min_silhouette": 2}}, "k_choice.min_silhouette must be in"),
@@ -220,4 +222,34 @@ def test_pacfl_defaults_to_hdbscan_silhouette_and_keeps_it_under_other_keys():
     # k fixed (the old n_clusters) takes no selector from the default: no conflict
     assert build_algorithm({"name": "pacfl", "k_choice": {"k": 3}}).k_choice == ClusterCount(k=3)
     assert build_algorithm({"name": "ifca", "k_choice": {"k_max": 5}}).k_choice.selector == \
-        "silhouette"
+        "silhouette_gap"
+
+
+def update_tree_choice(updates: np.ndarray, selector: str) -> np.ndarray:
+    """`selector`'s labels on the updates, cut from the cosine average-linkage tree (IFCA's and
+    FL+HC's)."""
+    from clusterfed.clustering import hierarchical as hc
+
+    return hc.chosen_clusters(updates, "cosine", "average",
+                              lambda d, labels_for_k: selectors.select(selector, d,
+                                                                       labels_for_k, 10)).labels
+
+
+def test_silhouette_gap_takes_the_gap_where_the_silhouette_finds_no_cluster():
+    """Four equal groups whose every silhouette is under 0.25: the silhouette rule says one,
+    the gap statistic finds them; with no groups both say one."""
+    truth, grouped, alike = weak_groups()
+    assert update_tree_choice(grouped, "silhouette").max() == 0        # the case's premise
+    assert adjusted_rand_score(truth, update_tree_choice(grouped, "silhouette_gap")) == 1.0
+    assert update_tree_choice(alike, "silhouette_gap").max() == 0
+
+
+def test_silhouette_gap_keeps_the_silhouettes_clusters_where_the_gap_cuts_a_diffuse_one():
+    """A diffuse cluster of 10 and two tight ones of 5: the silhouette rule finds the three,
+    the gap statistic cuts the diffuse one into pieces (8 clusters)."""
+    rng = np.random.default_rng(0)
+    truth = np.repeat(np.arange(3), (10, 5, 5))
+    spread = np.where(truth == 0, 0.2, 0.05)[:, None]
+    updates = np.eye(20)[truth] + spread * rng.normal(size=(len(truth), 20))
+    assert update_tree_choice(updates, "gap").max() + 1 > 3            # the case's premise
+    assert adjusted_rand_score(truth, update_tree_choice(updates, "silhouette_gap")) == 1.0

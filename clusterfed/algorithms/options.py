@@ -26,7 +26,8 @@ FLAT_KEYS = ("k", "k_max", "min_silhouette")
 SELECTOR_PARAMS = {"silhouette": ("min_silhouette",), "eigengap": ("neighbours",),
                    "gap": ("references",), "davies_bouldin": (),
                    "hdbscan": ("min_cluster_size",),
-                   "hdbscan_silhouette": ("min_cluster_size", "min_silhouette")}
+                   "hdbscan_silhouette": ("min_cluster_size", "min_silhouette"),
+                   "silhouette_gap": ("references", "min_silhouette")}
 
 
 def _whole(value: object) -> bool:
@@ -41,14 +42,15 @@ class ClusterCount:
     k_max: int = 10                # the most clusters a selector considers
     # silhouette: the most clusters whose every one reaches min_silhouette; eigengap of the
     # affinity graph; gap statistic; davies_bouldin (never one cluster); hdbscan;
-    # hdbscan_silhouette (whichever of the two finds more clusters). A method may default to
-    # another (PACFL: hdbscan_silhouette)
+    # hdbscan_silhouette (whichever of the two finds more clusters); silhouette_gap (the
+    # silhouette's clusters, else the gap statistic's). A method may default to another
+    # (PACFL: hdbscan_silhouette; IFCA, FL+HC: silhouette_gap)
     selector: str = "silhouette"
     # silhouette: a cluster's least mean silhouette, below it one cluster; null: the best
     # mean silhouette over k = 2..k_max (never one cluster), where a method allows it
     min_silhouette: float | None = NO_STRUCTURE
     neighbours: int = 3            # eigengap: each client's scale, its distance to this neighbour
-    references: int = 10           # gap: uniform reference data sets
+    references: int = 10           # gap, silhouette_gap: uniform reference data sets
     min_cluster_size: int = 3      # hdbscan(_silhouette): the fewest clients of a cluster
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {"selector": selectors.SELECTORS}
 
@@ -106,6 +108,14 @@ class ClusterCount:
         """K from the distance matrix d by the selector: labels 0..K-1 by first appearance;
         `labels_for_k(k)` is the method's own clustering into k."""
         return selectors.select(self.selector, d, labels_for_k, self.k_max, self.params)
+
+
+# The default of the methods that cut one round of every client's updates of one model (IFCA
+# with k from the data, FL+HC): the silhouette rule, and the gap statistic where it finds no
+# cluster. With label skew inside clusters the clusters' silhouettes fall under the rule's
+# 0.25 while the gap statistic still finds equal clusters; on the clean tier the rule's
+# clusters stand (docs/benchmark.md, "Selectors for the update-based methods").
+UPDATES_K_CHOICE = ClusterCount(selector="silhouette_gap")
 
 
 def grouped_options(options: Mapping[str, Any], aliases: Mapping[str, str] | None = None

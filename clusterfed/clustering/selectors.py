@@ -19,6 +19,8 @@ for a given k (`labels_for_k`, used by the rules that score candidate clustering
 |                | cluster                                                     |           |
 | hdbscan_       | whichever of hdbscan and silhouette finds more clusters     | yes       |
 | silhouette     | (the silhouette's on a tie; PACFL's default)                |           |
+| silhouette_gap | the silhouette rule's clusters where it finds any, else the | yes       |
+|                | gap statistic's (IFCA's and FL+HC's default)                |           |
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from clusterfed.clustering.precomputed import (
 )
 
 LabelsForK = Callable[[int], np.ndarray]
-SELECTORS = ("silhouette", "eigengap", "gap", "davies_bouldin", "hdbscan", "hdbscan_silhouette")
+SELECTORS = ("silhouette", "eigengap", "gap", "davies_bouldin", "hdbscan", "hdbscan_silhouette",
+             "silhouette_gap")
 
 
 def _one(d: np.ndarray) -> np.ndarray:
@@ -192,13 +195,28 @@ def hdbscan_silhouette_selector(d: np.ndarray, labels_for_k: LabelsForK, k_max: 
     return density if density.max() > silhouette.max() else silhouette
 
 
+def silhouette_gap_selector(d: np.ndarray, labels_for_k: LabelsForK, k_max: int,
+                            references: int = 10,
+                            min_silhouette: float | None = NO_STRUCTURE) -> np.ndarray:
+    """The silhouette rule's clusters where it finds more than one, else the gap statistic's.
+    On clients' updates with label skew inside every cluster each cluster's silhouette falls
+    under the rule's floor, while the gap statistic still sees equal clusters; where the
+    silhouette rule finds clusters the gap statistic can cut a diffuse one into several. Neither
+    split an iid federation where measured (docs/benchmark.md, "Selectors for the update-based
+    methods")."""
+    silhouette = silhouette_selector(d, labels_for_k, k_max, min_silhouette)
+    return silhouette if silhouette.max() > 0 else gap_selector(d, labels_for_k, k_max,
+                                                                 references)
+
+
 def select(name: str, d: np.ndarray, labels_for_k: LabelsForK, k_max: int,
            params: Mapping[str, Any] | None = None) -> np.ndarray:
     """The named selector's labels (`SELECTORS`), with its parameters."""
     rules: dict[str, Callable[..., np.ndarray]] = {
         "silhouette": silhouette_selector, "eigengap": eigengap_selector, "gap": gap_selector,
         "davies_bouldin": davies_bouldin_selector, "hdbscan": hdbscan_selector,
-        "hdbscan_silhouette": hdbscan_silhouette_selector}
+        "hdbscan_silhouette": hdbscan_silhouette_selector,
+        "silhouette_gap": silhouette_gap_selector}
     if name not in rules:
         raise ValueError(f"unknown selector {name!r}; valid: {', '.join(SELECTORS)}")
     return rules[name](d, labels_for_k, k_max, **dict(params or {}))

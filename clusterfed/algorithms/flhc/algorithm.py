@@ -17,7 +17,8 @@ clustering-round models and counts that round as round n+1); floor in A5 (`clust
 participant-normalised FedAvg weights (A14). Because tau depends on the update scale (A12), the
 threshold may also be relative to the largest merge height, or a number of clusters. The
 default cut is chosen from the data (`threshold_mode="k_choice"`: the tree cut into the K that
-the shared `k_choice` group chooses, by default the silhouette rule); the paper presets keep
+the shared `k_choice` group chooses, by default the silhouette rule, else the gap statistic); the
+paper presets keep
 tau.
 
 What it can see: whatever makes one round's updates from the global model differ: concept,
@@ -46,7 +47,7 @@ from clusterfed.algorithms.base import (
     Update,
     check_choices,
 )
-from clusterfed.algorithms.options import ClusterCount
+from clusterfed.algorithms.options import UPDATES_K_CHOICE, ClusterCount
 from clusterfed.clustering import hierarchical as hc
 from clusterfed.state import serialisable
 from clusterfed.tasks import ClientResult, ClientTask, TaskKind
@@ -98,15 +99,15 @@ class FLHC:
     metric: str = "cosine"               # l1 | l2 | cosine
     linkage: str = "average"             # single | complete | average | ward (l2 only)
     # The cut. Default (`k_choice`): the tree cut into the K the `k_choice` group chooses (by
-    # default the most clusters whose every one has a mean silhouette of at least 0.25, else
-    # one), because the paper's tau is on the updates' scale (A12), which the model, the
-    # learning rate and the data set. "absolute" with the paper's tau (block A: 3.0 MNIST,
-    # 10.0 FEMNIST) is what the paper presets use. "silhouette" reads `threshold` as that least
-    # silhouette. None: the mode's default (k_choice reads no threshold).
+    # default `silhouette_gap`, `options.UPDATES_K_CHOICE`), because the paper's tau is on the
+    # updates' scale (A12), which the model, the learning rate and the data set. "absolute"
+    # with the paper's tau (block A: 3.0 MNIST, 10.0 FEMNIST) is what the paper presets use;
+    # "silhouette" reads `threshold` as the least silhouette of every cluster of the cut (0.25,
+    # the default before k_choice). None: the mode's default (k_choice reads no threshold).
     threshold: float | None = None
     # k_choice | silhouette | absolute | relative | median | clusters
     threshold_mode: str = "k_choice"
-    k_choice: ClusterCount = ClusterCount()
+    k_choice: ClusterCount = UPDATES_K_CHOICE
     features: str = "update"             # update (A1) | weights
     reuse_clustering_updates: bool = False   # A4: clusters start from their clustering round
     participation: float | None = None   # C inside clusters; None: the run's sampled fraction
@@ -126,7 +127,7 @@ class FLHC:
 
     def __post_init__(self) -> None:
         hc.check_metric_linkage(self.metric, self.linkage)
-        object.__setattr__(self, "k_choice", ClusterCount.of(self.k_choice))
+        object.__setattr__(self, "k_choice", ClusterCount.of(self.k_choice, UPDATES_K_CHOICE))
         if self.threshold_mode == "k_choice":
             if self.threshold is not None:
                 raise ValueError(f"threshold_mode 'k_choice' reads no threshold (got "
@@ -134,7 +135,8 @@ class FLHC:
                                  f"k_choice.min_silhouette, or another threshold_mode")
         else:
             hc.check_threshold(self.threshold_mode, self.cut_threshold)
-            if self.k_choice != ClusterCount():
+            # Compared by value: a config written back from a run holds the group in full.
+            if self.k_choice != UPDATES_K_CHOICE:
                 raise ValueError(f"k_choice is read by threshold_mode 'k_choice' only; "
                                  f"threshold_mode is {self.threshold_mode!r}")
         check_choices(self, self._kinds)

@@ -34,8 +34,8 @@ k from the data (`k_choice: {k: null}`, the default; an extension, the paper fix
 federation first trains one model for `select_round` rounds (FedAvg, as the warm-up above with
 one group); then every client trains it once and the server clusters those updates as FL+HC's
 default does (average linkage on cosine distances, cut into the K the k_choice selector
-chooses, by default the most clusters of which every one has a mean silhouette of at least
-`min_silhouette`, else one: `selection.clusters_of_updates`, shared with FedEM and FedRC).
+chooses, by default `silhouette_gap`, as FL+HC's: `selection.clusters_of_updates`, shared
+with FedEM and FedRC, which keep the silhouette rule).
 Each cluster found starts its model from the global model plus its members' mean update, and
 IFCA goes on from those k models, every client choosing its model by loss each round as above.
 This start is the authors' trained initialisation with groups found in the data instead of
@@ -75,7 +75,7 @@ from clusterfed.algorithms.base import (
     check_choices,
 )
 from clusterfed.algorithms.choices import NEVER, initial_models, served_clusters
-from clusterfed.algorithms.options import ClusterCount
+from clusterfed.algorithms.options import UPDATES_K_CHOICE, ClusterCount
 from clusterfed.algorithms.selection import clusters_of_updates
 from clusterfed.clustering.metrics import one_hot
 from clusterfed.state import serialisable
@@ -147,7 +147,7 @@ def random_groups(num_clients: int, k: int, rng: np.random.Generator) -> np.ndar
 class IFCA:
     # k cluster models; k null: from the data, by the selector on the updates of round
     # select_round's one model (module docstring)
-    k_choice: ClusterCount = ClusterCount()
+    k_choice: ClusterCount = UPDATES_K_CHOICE
     select_round: int = 10              # starts from updates: one model until this round
     aggregate: str = "models"           # option II; "gradients": option I
     gradient_scale: str = "participants"  # option I: gamma / m over participants, or "cluster"
@@ -175,7 +175,7 @@ class IFCA:
     def __post_init__(self) -> None:
         check_choices(self, self._kinds)
         aggregation_weights(np.ones(1), self.weighting)
-        object.__setattr__(self, "k_choice", ClusterCount.of(self.k_choice))
+        object.__setattr__(self, "k_choice", ClusterCount.of(self.k_choice, UPDATES_K_CHOICE))
         if self.restarts is not None and (not isinstance(self.restarts, int)
                                           or self.restarts < 1):
             raise ValueError(f"restarts must be a positive integer, got {self.restarts!r}")
