@@ -11,7 +11,7 @@ from helpers import cli, tiny_config
 
 from clusterfed import config as cfg
 from clusterfed.algorithms import build_algorithm
-from clusterfed.algorithms.flhc.report import comparison_rows, ratio
+from clusterfed.algorithms.flhc.report import comparison_rows, cut_rule, ratio
 from clusterfed.errors import ConfigError
 from clusterfed.experiments.compare import compare
 from clusterfed.experiments.sweep import (
@@ -213,6 +213,18 @@ def test_flhc_run_and_comparison_reports(tmp_path):
     hc = comparison["summaries"]["flhc"]["final"]["mean_accuracy"]
     assert rows[1]["accuracy_ratio"] == ratio(hc, fl)
     assert rows[0]["fedavg"]["mean_accuracy"] == runs["fedavg"][1]["mean_accuracy"]
+
+
+def test_the_report_names_the_rule_that_cut_the_tree(tmp_path):
+    assert cut_rule({"threshold": 3.0, "threshold_mode": "absolute", "k_choice": None}) == \
+        "threshold 3.0 (absolute)"
+    assert cut_rule({"threshold": None, "threshold_mode": "k_choice",
+                     "k_choice": {"k": 4, "selector": "silhouette"}}) == "cut into k_choice.k = 4"
+    config = cfg.merge(tiny_config("flhc", train={"rounds": 3}, run={"checkpoint_every": 0}),
+                       {"algorithm": {"name": "flhc", "rounds_before_clustering": 1}})
+    run_config(config, tmp_path / "run")
+    report = write_report(tmp_path / "run").read_text()
+    assert "K by the k_choice selector silhouette_gap, cut at height none" in report
 
 
 def test_a_run_that_never_clusters_reports_so(tmp_path):

@@ -18,8 +18,7 @@ participant-normalised FedAvg weights (A14). Because tau depends on the update s
 threshold may also be relative to the largest merge height, or a number of clusters. The
 default cut is chosen from the data (`threshold_mode="k_choice"`: the tree cut into the K that
 the shared `k_choice` group chooses, by default the silhouette rule, else the gap statistic); the
-paper presets keep
-tau.
+paper presets keep tau.
 
 What it can see: whatever makes one round's updates from the global model differ: concept,
 feature and label shift alike.
@@ -265,6 +264,8 @@ class FLHC:
         event = {"type": "hierarchical_clustering", "metric": self.metric,
                  "linkage": self.linkage, "threshold_mode": self.threshold_mode,
                  "threshold": None if np.isnan(self.cut_threshold) else self.cut_threshold,
+                 "k_choice": (None if self.threshold_mode != "k_choice" else
+                              {"k": self.k_choice.k, "selector": self.k_choice.selector}),
                  "cut_height": cut,
                  "clients": clients.tolist(), "labels": labels.tolist(),
                  "tree": np.round(tree.linkage, 8).tolist(),

@@ -145,8 +145,7 @@ def run_section(folder: Path, summary: Record, metrics: Sequence[Record]) -> lis
     lines += [
         f"- clustering round: at the start of round {marked}, all "
         f"{len(event['clients'])} clients; {event['metric']} distance, {event['linkage']} "
-        f"linkage, threshold {event['threshold']} ({event['threshold_mode']}), cut at height "
-        f"{cut}",
+        f"linkage, {cut_rule(event)}, cut at height {cut}",
         f"- clusters: {event['n_clusters']}, sizes {event['cluster_sizes']}{scored}",
         f"- highest merge heights: {top}; median {median:.4g}",
         f"- post-cluster (round {shown}{'' if shown == marked else ', the first evaluated'}): "
@@ -202,3 +201,13 @@ def comparison_section(folder: Path, runs: Mapping[str, Sequence[Record]],
     lines += ["", "Both runs share their first n rounds (same seed); the vertical line is the "
               "clustering round.", "", f"![FL+HC vs FL]({IMAGES['compare']})", ""]
     return lines
+
+
+def cut_rule(event: dict[str, Any]) -> str:
+    """How the clustering event's tree was cut, in words."""
+    chosen = event.get("k_choice")
+    if chosen is None:
+        return f"threshold {event['threshold']} ({event['threshold_mode']})"
+    if chosen["k"] is not None:
+        return f"cut into k_choice.k = {chosen['k']}"
+    return f"K by the k_choice selector {chosen['selector']}"
