@@ -116,6 +116,7 @@ def gap_k(x: np.ndarray, labels_for_k: LabelsForK, k_max: int, references: int =
     Tibshirani's first local maximum stops at k = 1 whenever splitting off one group gains
     nothing (four groups in two pairs), so the global one is used."""
     from sklearn.cluster import KMeans
+    from threadpoolctl import threadpool_limits
 
     n = len(x)
     ks = [1, *range(2, min(k_max, n - 1) + 1)]
@@ -125,12 +126,15 @@ def gap_k(x: np.ndarray, labels_for_k: LabelsForK, k_max: int, references: int =
     low, high = x.min(axis=0), x.max(axis=0)
     refs = [rng.uniform(low, high, size=x.shape) for _ in range(references)]
     gaps, spreads = [], []
-    for k in ks:
-        labels = np.zeros(n, dtype=np.int64) if k == 1 else labels_for_k(k)
-        logs = np.log([max(KMeans(k, n_init=3, random_state=seed).fit(r).inertia_, 1e-300)
-                       for r in refs])
-        gaps.append(float(logs.mean() - np.log(max(_dispersion(x, labels), 1e-300))))
-        spreads.append(float(logs.std() * np.sqrt(1 + 1 / references)))
+    # One OpenMP thread: on references of a few hundred points the threads' start-up costs
+    # some 20 times the fit (k = 1..10 on 20 points: 0.76 s against 0.04 s), same inertias.
+    with threadpool_limits(1):
+        for k in ks:
+            labels = np.zeros(n, dtype=np.int64) if k == 1 else labels_for_k(k)
+            logs = np.log([max(KMeans(k, n_init=3, random_state=seed).fit(r).inertia_, 1e-300)
+                           for r in refs])
+            gaps.append(float(logs.mean() - np.log(max(_dispersion(x, labels), 1e-300))))
+            spreads.append(float(logs.std() * np.sqrt(1 + 1 / references)))
     top = int(np.argmax(gaps))
     return next(k for k, g in zip(ks, gaps, strict=True) if g >= gaps[top] - spreads[top])
 
