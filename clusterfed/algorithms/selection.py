@@ -31,14 +31,21 @@ class UpdateClusters:
         return len(self.models)
 
 
+def tree_cut(vectors: np.ndarray, metric: str, linkage: str, count: ClusterCount
+             ) -> hc.Dendrogram:
+    """The rows of `vectors` clustered by a tree (metric, linkage) cut into `count.k`, or into
+    the K its selector chooses (IFCA's start and FL+HC's `threshold_mode: k_choice`)."""
+    if count.k is not None:
+        return hc.hierarchical_clusters(vectors, metric, linkage, count.k, "clusters")
+    return hc.chosen_clusters(vectors, metric, linkage, count.choose)
+
+
 def clusters_of_updates(base: np.ndarray, updates: np.ndarray, weights: np.ndarray,
                         count: ClusterCount) -> UpdateClusters:
     """Cluster the clients' updates (m x d) of the one model `base` into at most `count.k`
     clusters, or by its selector; each cluster's model is `base` plus the `weights`-weighted
     mean of its members' updates."""
-    tree = (hc.hierarchical_clusters(updates, "cosine", "average", count.k, "clusters")
-            if count.k is not None else
-            hc.chosen_clusters(updates, "cosine", "average", count.choose))
+    tree = tree_cut(updates, "cosine", "average", count)
     models = cluster_fedavg(np.repeat(np.asarray(base, np.float32)[None], tree.num_clusters,
                                       axis=0), updates, tree.labels, weights)
     return UpdateClusters(tree.labels, models, tree.linkage)

@@ -47,6 +47,7 @@ from clusterfed.algorithms.base import (
     check_choices,
 )
 from clusterfed.algorithms.options import UPDATES_K_CHOICE, ClusterCount
+from clusterfed.algorithms.selection import tree_cut
 from clusterfed.clustering import hierarchical as hc
 from clusterfed.state import serialisable
 from clusterfed.tasks import ClientResult, ClientTask, TaskKind
@@ -234,10 +235,7 @@ class FLHC:
         if self.threshold_mode != "k_choice":
             return hc.hierarchical_clusters(vectors, self.metric, self.linkage,
                                             self.cut_threshold, self.threshold_mode)
-        if self.k_choice.k is not None:
-            return hc.hierarchical_clusters(vectors, self.metric, self.linkage,
-                                            self.k_choice.k, "clusters")
-        return hc.chosen_clusters(vectors, self.metric, self.linkage, self.k_choice.choose)
+        return tree_cut(vectors, self.metric, self.linkage, self.k_choice)
 
     def _cluster(self, state: FLHCState, results: Sequence[ClientResult]) -> Update:
         """Alg. 1 lines 10-12: hierarchical clustering of the clustering round's updates."""
