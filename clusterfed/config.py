@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from clusterfed.errors import ConfigError
+from clusterfed.tasks import SPLITS
 
 
 class _ConfigLoader(yaml.SafeLoader):
@@ -58,6 +59,7 @@ DEFAULTS: dict[str, Any] = {
         "protocol": "cluster",
         "every": 1,             # evaluate every N rounds (and always after the last)
         "validation_fraction": 0.0,  # share of each client's training data held out
+        "split": "test",        # the data every figure is scored on: "test" or "validation"
         "also_cluster": False,  # protocol local: also score cluster models (cluster_* keys)
         "target_accuracy": None,  # also record the share of clients at or above this accuracy
     },
@@ -323,6 +325,18 @@ def validate(config: Mapping[str, Any]) -> None:
     if ev["protocol"] == "best_of_path" and not fraction:
         raise ConfigError("eval.protocol=best_of_path chooses models on held-out data: "
                           "set eval.validation_fraction, e.g. 0.2")
+    if ev["split"] not in SPLITS:
+        raise ConfigError(f"eval.split must be one of {', '.join(SPLITS)}, got {ev['split']!r}")
+    if ev["split"] == "validation" and not fraction:
+        raise ConfigError("eval.split=validation scores on held-out training data: set "
+                          "eval.validation_fraction, e.g. 0.1")
+    if ev["split"] == "validation" and ev["protocol"] == "best_of_path":
+        raise ConfigError("eval.protocol=best_of_path already chooses on the validation data "
+                          "and reports test figures; use eval.split=test with it")
+    if ev["split"] == "validation" and ev["protocol"] == "sampled_local":
+        # Its mean is weighted by the clients' test sizes.
+        raise ConfigError("eval.protocol=sampled_local weighs clients by their test data; "
+                          "use eval.split=test with it")
     if not isinstance(ev["also_cluster"], bool):
         raise ConfigError(f"eval.also_cluster must be true or false, got {ev['also_cluster']!r}")
     target = ev["target_accuracy"]

@@ -184,6 +184,32 @@ def test_best_over_keeps_the_best_point_per_group():
     assert lines == ["| a | 2 | 70.0 |", "| b | 1 | 90.0 |"]
 
 
+def test_best_over_on_validation_data_says_so():
+    rows = [{"values": {"lr": lr}, "columns": {"last": {"mean_accuracy": acc}}}
+            for lr, acc in [(0.1, 0.5), (0.01, 0.7)]]
+    table = format_sweep_table({"rows": rows, "rounds": {"last": "last"}, "best_over": "lr",
+                                "split": "validation"})
+    assert "| lr | validation acc last |" in table and "| 0.01 | 70.0 |" in table
+    assert "| 0.1 |" not in table and "held-out training data, not test" in table
+
+
+def test_a_key_only_some_cases_set_has_its_column():
+    rows = [{"values": values, "columns": {"last": {"mean_accuracy": acc}}}
+            for values, acc in [({"name": "fedavg", "lr": 0.1}, 0.5),
+                                ({"name": "fedprox", "mu": 0.01, "lr": 0.1}, 0.6)]]
+    table = format_sweep_table({"rows": rows, "rounds": {"last": "last"}})
+    assert "| name | lr | mu | test acc last |" in table
+    assert "| fedavg | 0.1 |  | 50.0 |" in table and "| fedprox | 0.1 | 0.01 | 60.0 |" in table
+
+
+def test_a_sweep_mixing_test_and_validation_figures_is_refused(tmp_path):
+    config = cfg.merge(tiny_config("fedavg", eval={"validation_fraction": 0.2}),
+                       {"sweep": {"grid": {"eval.split": ["test", "validation"]}}})
+    with pytest.raises(ConfigError, match="scored on one eval.split; got"):
+        run_sweep(config, tmp_path)
+    assert not (tmp_path / "points").exists()
+
+
 def test_sweep_cli_lists_the_grid(capsys):
     code, out, _ = cli(capsys, "sweep", "flhc-grid-a", "--list")
     assert code == 0 and len(out.splitlines()) == 16

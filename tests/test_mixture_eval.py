@@ -223,6 +223,21 @@ def test_a_compare_entry_sets_its_own_eval_keys():
         run_config_of(config, {"name": "fedavg", "eval": "cluster"})
 
 
+def test_a_compare_entry_sets_its_own_train_keys():
+    """PACFL's Table 12 baselines train at their own lr and momentum beside PACFL's."""
+    config = synthetic_config({"name": "fedem", "components": 2})
+    entry = {"name": "fedavg", "train": {"lr": 0.1, "momentum": 0.9}}
+    run = run_config_of(config, entry)
+    assert (run["train"]["lr"], run["train"]["momentum"]) == (0.1, 0.9)
+    assert run["train"]["rounds"] == config["train"]["rounds"]   # the others kept
+    assert run["algorithm"] == {"name": "fedavg"} and entry["train"] == {"lr": 0.1,
+                                                                          "momentum": 0.9}
+    with pytest.raises(ConfigError, match="unknown config key train.lrr"):
+        run_config_of(config, {"name": "fedavg", "train": {"lrr": 0.1}})
+    with pytest.raises(ConfigError, match="train must be a mapping"):
+        run_config_of(config, {"name": "fedavg", "train": 0.1})
+
+
 def test_fedem_runs_with_the_mixture_and_scores_each_clients_mixture():
     sim = Simulation(synthetic_config({"name": "fedem", "components": 2}))
     summary = sim.run()

@@ -124,3 +124,28 @@ def test_run_threads_setting_does_not_outlive_the_run():
     before = torch.get_num_threads()
     Simulation(tiny_config("fedavg", train={"rounds": 1}, run={"threads": 1})).run()
     assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("protocol", ["cluster", "local"])
+def test_eval_split_validation_scores_the_held_out_training_data(protocol):
+    """eval.split=validation: every client's figure is its served model's accuracy on its
+    held-out training data, counted here by hand from the model's logits."""
+    import torch
+
+    cfg = tiny_config("fedavg", train={"rounds": 2},
+                      eval={"protocol": protocol, "split": "validation",
+                            "validation_fraction": 0.25})
+    sim = Simulation(cfg)
+    summary = sim.run()
+    view = sim.algorithm.clusters(sim.state)
+    own = sim.own_models if protocol == "local" else {}
+    for c, (x, y) in enumerate(sim.executor.validation):
+        model = own.get(c, view.models[view.assignment[c]])
+        with torch.no_grad():
+            logits = sim.executor.model(torch.from_numpy(np.asarray(model)), x)
+        expected = float((logits.argmax(dim=1) == y).double().mean())
+        assert summary["final"]["per_client_accuracy"][c] == pytest.approx(expected, abs=1e-6)
+    test = Simulation(tiny_config("fedavg", train={"rounds": 2},
+                                  eval={"protocol": protocol,
+                                        "validation_fraction": 0.25})).run()
+    assert test["final"]["per_client_accuracy"] != summary["final"]["per_client_accuracy"]

@@ -47,19 +47,22 @@ def labelled_sections(config: Mapping[str, Any], names: Sequence[str] | None
 
 
 # Sections a compare entry may override for its run alone.
-ENTRY_SECTIONS = ("eval", "newcomers")
+ENTRY_SECTIONS = ("eval", "newcomers", "train")
 
 
 def run_config_of(config: Mapping[str, Any], section: Mapping[str, Any]) -> dict[str, Any]:
     """The config of one entry's run: `config` with the entry's algorithm section and, where
-    the entry has an `eval` or a `newcomers` mapping, those keys over the config's. So a
-    comparison tests each method by its own paper's protocol (`eval: {protocol: mixture}` on
-    FedEM beside methods that serve one model a client; `newcomers: {finetune_rounds: 5}` on
-    the SOLO of PACFL's Table 3); the entry's run folder records what it used."""
+    the entry has an `eval`, a `newcomers` or a `train` mapping, those keys over the config's.
+    So a comparison tests each method by its own paper's protocol (`eval: {protocol: mixture}`
+    on FedEM beside methods that serve one model a client; `newcomers: {finetune_rounds: 5}`
+    on the SOLO of PACFL's Table 3) and its own paper's optimiser (`train: {lr: 0.1,
+    momentum: 0.9}`: PACFL's Table 12 baselines); the entry's run folder records what it
+    used."""
     algorithm = dict(section)
-    # A list under `newcomers` is PACFL's and CFL's own option (the late clients' ids).
+    # A list under `newcomers` is PACFL's and CFL's own option (the late clients' ids); no
+    # algorithm has an option called `eval` or `train`.
     own = {name: algorithm.pop(name) for name in ENTRY_SECTIONS if name in algorithm
-           and (name == "eval" or isinstance(algorithm[name], Mapping))}
+           and (name != "newcomers" or isinstance(algorithm[name], Mapping))}
     for name, keys in own.items():
         if not isinstance(keys, Mapping):
             raise ConfigError(f"compare entry {algorithm.get('name')!r}: {name} must be a "

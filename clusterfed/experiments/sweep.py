@@ -22,7 +22,10 @@ A config's `sweep` section says what varies (the rest of the config is the base 
 The table reports, per point and per column round, the mean client accuracy and (with
 eval.target_accuracy) the share of clients at the target, each with "(ratio x)" to the
 baseline, "(-)" where the baseline's figure is 0 (the layout of FL+HC's Tables I-VI).
-`best_over` selects on the test metric, as the FL+HC paper did: say so where it is used.
+`best_over` selects on the figures of the runs' `eval.split`: the test data by default, as the
+FL+HC paper did (say so where it is used); with `eval.split: validation` (and
+`eval.validation_fraction`) on data held out of each client's training set, as a tuning of a
+learning rate should (PACFL's Table 12 grid, `pacfl-labelskew20-fmnist-lr`).
 
 Rerunning a sweep into the same folder reads its finished runs back and resumes a cut-off one
 from its checkpoint; a folder holding another config (evaluation included: the table reads
@@ -137,6 +140,7 @@ def run_sweep(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: str |
     out = Path(out_dir)
     sweep = config["sweep"]
     points = point_configs(config)
+    split = split_of(points)
     rules = dict(sweep.get("rounds") or {"last": "last"})
     baseline_patch = patch_of(sweep.get("baseline") or {})
     baselines: dict[str, str] = {}     # baseline config -> its folder, numbered in point order
@@ -184,12 +188,21 @@ def run_sweep(config: Mapping[str, Any], out_dir: str | Path, *, data_dir: str |
         rows.append(row)
     result = {"grid": [p for p, _ in points], "rows": rows, "rounds": rules,
               "labels": dict(sweep.get("labels") or {}), "best_over": sweep.get("best_over"),
-              "missing": missing}
+              "split": split, "missing": missing}
     if not finished_only:   # the config that ran; a table of finished runs leaves it as it is
         (out / "config.yaml").write_text(cfg.dump(config))
     (out / "sweep.json").write_text(strict_json.dumps(result, indent=1, default=str) + "\n")
     (out / "table.md").write_text(format_sweep_table(result) + "\n")
     return result
+
+
+def split_of(points: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> str:
+    """The one `eval.split` every point is scored on; a sweep that mixes them is refused
+    (its best_over would compare test with validation figures)."""
+    splits = {run_cfg["eval"]["split"] for _, run_cfg in points}
+    if len(splits) > 1:
+        raise ConfigError(f"a sweep's points are scored on one eval.split; got {sorted(splits)}")
+    return splits.pop() if splits else "test"
 
 
 def _ratio(value: float | None, base: float | None) -> str:
@@ -228,18 +241,20 @@ def best_rows(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 def format_sweep_table(result: Mapping[str, Any]) -> str:
     """A markdown table in the layout of FL+HC's Tables I-VI."""
     rows = best_rows(result)
-    keys = list(rows[0]["values"]) if rows else []
+    # Every swept key of any row (cases may set keys the others do not: FedProx's mu).
+    keys = list(dict.fromkeys(k for row in rows for k in row["values"]))
     labels = result.get("labels") or {}
     columns = list(result["rounds"])
     has_target = any(row["columns"][c].get("clients_at_target") is not None
                      for row in rows for c in columns)
     head = [labels.get(k, k.split(".")[-1]) for k in keys]
-    head += [f"test acc {c}" for c in columns]
+    split = result.get("split", "test")
+    head += [f"{split} acc {c}" for c in columns]
     if has_target:
         head += [f"% clients at target {c}" for c in columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        cells = [str(row["values"][k]) for k in keys]
+        cells = [str(row["values"].get(k, "")) for k in keys]
         cells += [_cell(row["columns"][c], "mean_accuracy") for c in columns]
         if has_target:
             cells += [_cell(row["columns"][c], "clients_at_target") for c in columns]
@@ -247,8 +262,9 @@ def format_sweep_table(result: Mapping[str, Any]) -> str:
     note = ("Figures in %; in brackets the ratio to the baseline run at the same round, "
             "(-) where the baseline's figure is 0.")
     if result.get("best_over"):
-        note += (f" Each row is the best {result['best_over']} by the last column's test "
-                 f"accuracy (selection on test data, as in the paper).")
+        note += (f" Each row is the best {result['best_over']} by the last column's {split} "
+                 f"accuracy" + (" (selection on test data, as in the paper)." if split == "test"
+                                else " (selection on held-out training data, not test)."))
     if any("baseline" in row and not all("baseline" in cell for cell in row["columns"].values())
            for row in rows):
         note += " A row without ratios: its baseline run has not finished."

@@ -51,6 +51,7 @@ class EvalContext:
     also_cluster: bool = False
     adaptation: TrainSpec | None = None          # test-time adaptation ('cluster', 'local')
     path_models: Callable[[int], list[np.ndarray]] | None = None   # 'best_of_path'
+    split: str = "test"        # eval.split: the data the figures are scored on
 
     @property
     def n(self) -> int:
@@ -83,14 +84,14 @@ def _task(client: int, params: np.ndarray, part: str, split: str = "test", **mor
 def served_tasks(ev: EvalContext, own: Mapping[int, np.ndarray] | None, part: str
                  ) -> list[ClientTask]:
     """Each client's cluster model (clients served alike together), or its own model when it
-    has one ('local'), on its test data."""
+    has one ('local'), on its `ev.split` data."""
     own = own or {}
     tasks = []
     for k in np.unique(ev.view.assignment):
         model = ev.view.models[k]   # one array for the cluster's members: scored together
-        tasks += [_task(c, model, part) for c in np.flatnonzero(ev.view.assignment == k)
+        tasks += [_task(c, model, part, ev.split) for c in np.flatnonzero(ev.view.assignment == k)
                   if int(c) not in own]
-    return tasks + [_task(c, params, part) for c, params in own.items()]
+    return tasks + [_task(c, params, part, ev.split) for c, params in own.items()]
 
 
 def served_its_cluster_model(ev: EvalContext) -> np.ndarray:
@@ -135,7 +136,7 @@ class Served:
                 return served_tasks(ev, None, "served") + [
                     ClientTask(c, TaskKind.TRAIN, ev.view.models[ev.view.assignment[c]],
                                ev.adaptation) for c in range(ev.n)]
-            return self._adapted(done[0]) if len(done) == 1 else None
+            return self._adapted(done[0], ev.split) if len(done) == 1 else None
         if done:
             return None
         tasks = served_tasks(ev, ev.own_models if self.local else None, "served")
@@ -145,7 +146,7 @@ class Served:
         return tasks
 
     @staticmethod
-    def _adapted(pairs: Pairs) -> list[ClientTask]:
+    def _adapted(pairs: Pairs, split: str) -> list[ClientTask]:
         tasks = []
         for task, result in pairs:
             if task.kind is not TaskKind.TRAIN:
@@ -156,7 +157,7 @@ class Served:
             else:
                 log.warning("client %d: test-time adaptation gave non-finite values; tested "
                             "unadapted", task.client)
-            tasks.append(_task(task.client, params.view(), "adapted"))
+            tasks.append(_task(task.client, params.view(), "adapted", split))
         return tasks
 
     def score(self, ev: EvalContext, done: Sequence[Pairs]) -> dict[str, Any]:
@@ -197,7 +198,7 @@ class SampledLocal:
         sampled = [int(c) for c in np.asarray(ev.sampled, dtype=np.int64)]
         return served_tasks(ev, ev.own_models, "served") + [
             _task(c, (ev.previous_models[c] if c in ev.previous_models
-                      else ev.view.models[ev.view.assignment[c]]).view(), "sampled")
+                      else ev.view.models[ev.view.assignment[c]]).view(), "sampled", ev.split)
             for c in sampled]
 
     def score(self, ev: EvalContext, done: Sequence[Pairs]) -> dict[str, Any]:
@@ -226,7 +227,7 @@ class LeastTestLoss:
     def plan(self, ev: EvalContext, done: Sequence[Pairs]) -> list[ClientTask] | None:
         if done:
             return None
-        tasks = [_task(c, model, "model", k=k) for k, model in enumerate(ev.view.models)
+        tasks = [_task(c, model, "model", ev.split, k=k) for k, model in enumerate(ev.view.models)
                  for c in range(ev.n)]
         return tasks + served_tasks(ev, None, "served")
 
@@ -298,7 +299,7 @@ def no_mixture_message(algorithm: str) -> str:
             f"{algorithm} serves one model per client")
 
 
-def mixture_tasks(view: ClusterView, part: str) -> list[ClientTask]:
+def mixture_tasks(view: ClusterView, part: str, split: str = "test") -> list[ClientTask]:
     """Each client's EVALUATE task of its mixture: the view's models it weighs, stacked, with
     its weights. A model of weight 0 is not sent (fewer bytes, the same mixture); clients that
     weigh the same models share one array (with every model: the view's own, no copy)."""
@@ -313,7 +314,7 @@ def mixture_tasks(view: ClusterView, part: str) -> list[ClientTask]:
                 view.models[list(kept)]
         weights = row[list(kept)]
         tasks.append(ClientTask(c, TaskKind.EVALUATE, stacks[kept], meta={"part": part},
-                                mixture=weights / weights.sum()))
+                                mixture=weights / weights.sum(), split=split))
     return tasks
 
 
@@ -327,7 +328,7 @@ class Mixture:
     def plan(self, ev: EvalContext, done: Sequence[Pairs]) -> list[ClientTask] | None:
         if done:
             return None
-        return mixture_tasks(ev.view, "mixture") + served_tasks(ev, None, "served")
+        return mixture_tasks(ev.view, "mixture", ev.split) + served_tasks(ev, None, "served")
 
     def score(self, ev: EvalContext, done: Sequence[Pairs]) -> dict[str, Any]:
         record = round_record(figures(ev, done[0], "mixture"), ev.view, ev.true_clusters,

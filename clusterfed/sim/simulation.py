@@ -362,7 +362,8 @@ class Simulation:
             own_models=self.own_models, previous_models=self.previous_models,
             sampled=self.round_sampled, also_cluster=bool(self.config["eval"]["also_cluster"]),
             adaptation=spec,
-            path_models=None if paths is None else (lambda c: paths(state, c)))
+            path_models=None if paths is None else (lambda c: paths(state, c)),
+            split=self.config["eval"]["split"])
 
     def _run_evaluation(self, tasks: Sequence[ClientTask], r: int) -> Pairs:
         """One phase of an evaluation protocol (its TRAIN tasks seeded apart from training)."""
