@@ -42,9 +42,9 @@ def test_an_option_group_shows_each_of_its_options():
     rows = {option: (default, meaning) for option, default, meaning in method_options("ifca")}
     assert "k_choice" not in rows and rows["k_choice.k"][0] == "null"
     default, meaning = rows["k_choice.selector"]
-    assert default == "silhouette_gap"      # IFCA's own default, not the group's
+    assert default == "silhouette_gap_width"      # IFCA's own default, not the group's
     assert meaning.startswith("one of silhouette, eigengap, gap, davies_bouldin, hdbscan, "
-                              "hdbscan_silhouette, silhouette_gap.")
+                              "hdbscan_silhouette, silhouette_gap, silhouette_gap_width.")
     assert rows["k_choice.min_cluster_size"] == (
         "3", "hdbscan(_silhouette): the fewest clients of a cluster")
     # A Literal type (`aggregate.Weighting`) lists its values as a class's `_kinds` would.
@@ -79,5 +79,5 @@ def test_a_group_shows_the_methods_own_defaults():
     ifca = {option: default for option, default, _ in method_options("ifca")}
     lcfl = {option: default for option, default, _ in method_options("lcfl")}
     assert pacfl["k_choice.selector"] == "hdbscan_silhouette"
-    assert ifca["k_choice.selector"] == "silhouette_gap"
+    assert ifca["k_choice.selector"] == "silhouette_gap_width"
     assert lcfl["k_choice.selector"] == "silhouette"

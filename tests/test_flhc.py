@@ -59,9 +59,9 @@ def cluster_once(algo, setup, updates):
 
 
 def test_the_default_cut_is_the_k_choice_groups_choice():
-    """Three tight direction groups, group 2 near group 0: the default (`silhouette_gap`) and the
-    old silhouette mode take the three; k_choice.k = 2 cuts the tree into two, merging the near
-    pair; k_max 2 lets the selector see no more than two."""
+    """Three tight direction groups, group 2 near group 0: the default (`silhouette_gap_width`)
+    and the old silhouette mode take the three; k_choice.k = 2 cuts the tree into two, merging
+    the near pair; k_max 2 lets the selector see no more than two."""
     n, d = 12, 6
     truth = np.arange(n) % 3
     directions = np.array([[1, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0], [1, 0.45, 0, 0, 0, 0]])

@@ -250,7 +250,7 @@ def test_the_report_names_the_rule_that_cut_the_tree(tmp_path):
                        {"algorithm": {"name": "flhc", "rounds_before_clustering": 1}})
     run_config(config, tmp_path / "run")
     report = write_report(tmp_path / "run").read_text()
-    assert "K by the k_choice selector silhouette_gap, cut at height none" in report
+    assert "K by the k_choice selector silhouette_gap_width, cut at height none" in report
 
 
 def test_a_run_that_never_clusters_reports_so(tmp_path):

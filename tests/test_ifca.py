@@ -354,7 +354,7 @@ def test_the_local_protocol_keeps_the_model_of_the_served_restart_set(seed):
 
 
 def test_k_from_the_data_defaults_to_the_gap_statistic_on_the_updates():
-    """IFCA's K from the data is FL+HC's default cut (`silhouette_gap`): four equal groups of
+    """IFCA's K from the data is FL+HC's default cut (`silhouette_gap_width`): four equal groups of
     updates whose silhouettes fall under the silhouette rule's floor are four clusters (the
     silhouette rule says one); the same clients with no groups are one."""
     from clusterfed.algorithms.selection import clusters_of_updates

@@ -31,7 +31,7 @@ SAYS_ONE = tuple(s for s in SELECTORS if s != "davies_bouldin")
 def count(selector: str) -> ClusterCount:
     """The selector's group; the gap statistic's k-means of references is the slow part, so
     fewer k's and references (four clusters need neither ten)."""
-    if selector in ("gap", "silhouette_gap"):
+    if selector in ("gap", "silhouette_gap", "silhouette_gap_width"):
         return ClusterCount(selector=selector, k_max=6, references=3)
     return ClusterCount(selector=selector)
 
@@ -126,7 +126,7 @@ def test_k_fixed_ignores_the_data():
 @pytest.mark.parametrize(("section", "expected"), [
     ({"name": "ifca", "k": 4}, ClusterCount(k=4)),
     ({"name": "ifca", "min_silhouette": 0.3},
-     ClusterCount(selector="silhouette_gap", min_silhouette=0.3)),
+     ClusterCount(selector="silhouette_gap_width", min_silhouette=0.3)),
     ({"name": "lcfl", "k_max": 6, "min_silhouette": None},
      ClusterCount(k_max=6, min_silhouette=None)),
     ({"name": "pacfl", "n_clusters": 2}, ClusterCount(k=2)),
@@ -155,7 +155,7 @@ def test_old_keys_load_from_overrides_and_new_ones_nest():
 @pytest.mark.parametrize(("section", "message"), [
     ({"name": "ifca", "k_choice": {"selector": "elbow"}},
      "k_choice.selector must be one of silhouette, eigengap, gap, davies_bouldin, hdbscan, "
-     "hdbscan_silhouette, silhouette_gap, got 'elbow'"),
+     "hdbscan_silhouette, silhouette_gap, silhouette_gap_width, got 'elbow'"),
     ({"name": "ifca", "k_choice": {"k": 0}}, "k_choice.k must be a whole number >= 1"),
     ({"name": "pacfl", "k_choice": {"k_max": 1}}, "k_choice.k_max must be a whole number >= 2"),
     ({"name": "lcfl", "k_choice": {"min_silhouette": 2}}, "k_choice.min_silhouette must be in"),
@@ -222,7 +222,7 @@ def test_pacfl_defaults_to_hdbscan_silhouette_and_keeps_it_under_other_keys():
     # k fixed (the old n_clusters) takes no selector from the default: no conflict
     assert build_algorithm({"name": "pacfl", "k_choice": {"k": 3}}).k_choice == ClusterCount(k=3)
     assert build_algorithm({"name": "ifca", "k_choice": {"k_max": 5}}).k_choice.selector == \
-        "silhouette_gap"
+        "silhouette_gap_width"
 
 
 def update_tree_choice(updates: np.ndarray, selector: str) -> np.ndarray:
@@ -253,3 +253,65 @@ def test_silhouette_gap_keeps_the_silhouettes_clusters_where_the_gap_cuts_a_diff
     updates = np.eye(20)[truth] + spread * rng.normal(size=(len(truth), 20))
     assert update_tree_choice(updates, "gap").max() + 1 > 3            # the case's premise
     assert adjusted_rand_score(truth, update_tree_choice(updates, "silhouette_gap")) == 1.0
+    assert adjusted_rand_score(truth, update_tree_choice(updates, "silhouette_gap_width")) == 1.0
+
+
+def mean_silhouette_by_hand(d: np.ndarray, labels: np.ndarray) -> float:
+    """Rousseeuw's s(i) = (b - a) / max(a, b), a lone point's s = 0, averaged over points."""
+    widths = []
+    for i in range(len(d)):
+        own = (labels == labels[i]) & (np.arange(len(d)) != i)
+        if not own.any():
+            widths.append(0.0)
+            continue
+        a = d[i, own].mean()
+        b = min(d[i, labels == c].mean() for c in set(labels.tolist()) - {labels[i]})
+        widths.append((b - a) / max(a, b))
+    return float(np.mean(widths))
+
+
+def test_the_widest_silhouette_is_the_candidate_of_the_largest_mean_silhouette():
+    """Six points on a line, 0 0.1 0.2 | 1.0 1.1 | 3.0: each candidate's mean silhouette by
+    hand; the widest is chosen, whatever k it has."""
+    x = np.array([0.0, 0.1, 0.2, 1.0, 1.1, 3.0])
+    d = np.abs(x[:, None] - x[None, :])
+    candidates = {2: np.array([0, 0, 0, 0, 0, 1]), 3: np.array([0, 0, 0, 1, 1, 2]),
+                  4: np.array([0, 0, 1, 2, 2, 3]), 5: np.array([0, 1, 2, 3, 3, 4])}
+    widths = {k: mean_silhouette_by_hand(d, labels) for k, labels in candidates.items()}
+    best = max(widths, key=widths.get)
+    assert best == 3 and widths[3] > widths[2] > 0           # the case's premise
+    np.testing.assert_array_equal(selectors.widest_silhouette(d, candidates.__getitem__, 5),
+                                  candidates[best])
+    np.testing.assert_array_equal(selectors.widest_silhouette(d, candidates.__getitem__, 2),
+                                  candidates[2])             # k_max bounds the candidates
+
+
+def nested_groups(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Updates of three clusters (24, 10, 6 clients: a shared direction plus one of three),
+    the large one made of three weaker sub-directions (label skew inside a cluster), under
+    noise that puts some cluster's silhouette under 0.25."""
+    rng = np.random.default_rng(seed)
+    truth = np.repeat(np.arange(3), (24, 10, 6))
+    base = np.zeros((len(truth), 50))
+    base[:, -1] = 3.0
+    base[np.arange(len(truth)), truth] += 1.0
+    first = np.flatnonzero(truth == 0)
+    base[first, 3 + first % 3] += 0.7
+    return truth, (base + 0.2 * rng.normal(size=base.shape)).astype(np.float32)
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_silhouette_gap_width_keeps_a_cluster_whole_that_the_gap_cuts(seed):
+    """The silhouette rule finds no cluster, the gap statistic's K is wrong (it parts the large
+    cluster's sub-groups, or merges), the widest silhouette finds the three clusters."""
+    truth, updates = nested_groups(seed)
+    assert update_tree_choice(updates, "silhouette").max() == 0        # the case's premise
+    assert adjusted_rand_score(truth, update_tree_choice(updates, "gap")) < 0.9
+    assert adjusted_rand_score(truth, update_tree_choice(updates,
+                                                         "silhouette_gap_width")) == 1.0
+
+
+def test_silhouette_gap_width_says_one_where_the_gap_statistic_does():
+    truth, grouped, alike = weak_groups()
+    assert update_tree_choice(alike, "silhouette_gap_width").max() == 0
+    assert adjusted_rand_score(truth, update_tree_choice(grouped, "silhouette_gap_width")) == 1.0

@@ -27,7 +27,8 @@ SELECTOR_PARAMS = {"silhouette": ("min_silhouette",), "eigengap": ("neighbours",
                    "gap": ("references",), "davies_bouldin": (),
                    "hdbscan": ("min_cluster_size",),
                    "hdbscan_silhouette": ("min_cluster_size", "min_silhouette"),
-                   "silhouette_gap": ("references", "min_silhouette")}
+                   "silhouette_gap": ("references", "min_silhouette"),
+                   "silhouette_gap_width": ("references", "min_silhouette")}
 
 
 def _whole(value: object) -> bool:
@@ -43,14 +44,16 @@ class ClusterCount:
     # silhouette: the most clusters whose every one reaches min_silhouette; eigengap of the
     # affinity graph; gap statistic; davies_bouldin (never one cluster); hdbscan;
     # hdbscan_silhouette (whichever of the two finds more clusters); silhouette_gap (the
-    # silhouette's clusters, else the gap statistic's). A method may default to another
-    # (PACFL: hdbscan_silhouette; IFCA, FL+HC: silhouette_gap)
+    # silhouette's clusters, else the gap statistic's); silhouette_gap_width (the silhouette's
+    # clusters, else, where the gap statistic finds some, the widest mean silhouette's). A
+    # method may default to another (PACFL: hdbscan_silhouette; IFCA, FL+HC:
+    # silhouette_gap_width)
     selector: str = "silhouette"
     # silhouette: a cluster's least mean silhouette, below it one cluster; null: the best
     # mean silhouette over k = 2..k_max (never one cluster), where a method allows it
     min_silhouette: float | None = NO_STRUCTURE
     neighbours: int = 3            # eigengap: each client's scale, its distance to this neighbour
-    references: int = 10           # gap, silhouette_gap: uniform reference data sets
+    references: int = 10           # gap, silhouette_gap(_width): uniform reference data sets
     min_cluster_size: int = 3      # hdbscan(_silhouette): the fewest clients of a cluster
     _kinds: ClassVar[dict[str, tuple[str, ...]]] = {"selector": selectors.SELECTORS}
 
@@ -111,11 +114,13 @@ class ClusterCount:
 
 
 # The default of the methods that cut one round of every client's updates of one model (IFCA
-# with k from the data, FL+HC): the silhouette rule, and the gap statistic where it finds no
-# cluster. With label skew inside clusters the clusters' silhouettes fall under the rule's
-# 0.25 while the gap statistic still finds equal clusters; on the clean tier the rule's
-# clusters stand (docs/benchmark.md, "Selectors for the update-based methods").
-UPDATES_K_CHOICE = ClusterCount(selector="silhouette_gap")
+# with k from the data, FL+HC): the silhouette rule; where it finds no cluster, the gap
+# statistic says whether there are any and the widest mean silhouette how many. With label
+# skew inside clusters the clusters' silhouettes fall under the rule's 0.25 while the gap
+# statistic still sees the clusters, but its own K cuts a large cluster into several; on the
+# clean tier the rule's clusters stand (docs/benchmark.md, "Selectors for the update-based
+# methods").
+UPDATES_K_CHOICE = ClusterCount(selector="silhouette_gap_width")
 
 
 def grouped_options(options: Mapping[str, Any], aliases: Mapping[str, str] | None = None

@@ -20,7 +20,11 @@ for a given k (`labels_for_k`, used by the rules that score candidate clustering
 | hdbscan_       | whichever of hdbscan and silhouette finds more clusters     | yes       |
 | silhouette     | (the silhouette's on a tie; PACFL's default)                |           |
 | silhouette_gap | the silhouette rule's clusters where it finds any, else the | yes       |
-|                | gap statistic's (IFCA's and FL+HC's default)                |           |
+|                | gap statistic's                                             |           |
+| silhouette_    | the silhouette rule's clusters where it finds any; else,    | yes       |
+| gap_width      | where the gap statistic finds more than one, the candidate  |           |
+|                | of the widest mean silhouette (Kaufman & Rousseeuw 1990)    |           |
+|                | (IFCA's and FL+HC's default)                                |           |
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from clusterfed.clustering.precomputed import (
 
 LabelsForK = Callable[[int], np.ndarray]
 SELECTORS = ("silhouette", "eigengap", "gap", "davies_bouldin", "hdbscan", "hdbscan_silhouette",
-             "silhouette_gap")
+             "silhouette_gap", "silhouette_gap_width")
 
 
 def _one(d: np.ndarray) -> np.ndarray:
@@ -213,6 +217,40 @@ def silhouette_gap_selector(d: np.ndarray, labels_for_k: LabelsForK, k_max: int,
                                                                  references)
 
 
+def widest_silhouette(d: np.ndarray, labels_for_k: LabelsForK, k_max: int) -> np.ndarray:
+    """The candidate k in 2..k_max of the largest mean silhouette width on d (scikit-learn's
+    `silhouette_score`), the smaller k on a tie; one cluster if no candidate has two."""
+    from sklearn.metrics import silhouette_score
+
+    best: tuple[float, np.ndarray] | None = None
+    for k in _ks(d, k_max):
+        labels = labels_for_k(k)
+        if len(np.unique(labels)) < 2:
+            continue
+        width = float(silhouette_score(d, labels, metric="precomputed"))
+        if best is None or width > best[0]:
+            best = (width, labels)
+    return _one(d) if best is None else first_appearance_labels(best[1])
+
+
+def silhouette_gap_width_selector(d: np.ndarray, labels_for_k: LabelsForK, k_max: int,
+                                  references: int = 10,
+                                  min_silhouette: float | None = NO_STRUCTURE) -> np.ndarray:
+    """The silhouette rule's clusters where it finds more than one; else, where the gap
+    statistic finds more than one cluster, the candidate of the widest mean silhouette; else
+    one. The gap statistic tells structure from none (a mean silhouette is undefined for one
+    cluster), the widest silhouette tells how many: where label skew inside every cluster
+    puts each cluster's silhouette under the rule's floor, the gap statistic's own K cuts a
+    large diffuse cluster into several, while the widest silhouette keeps it whole
+    (docs/benchmark.md, "Selectors for the update-based methods")."""
+    silhouette = silhouette_selector(d, labels_for_k, k_max, min_silhouette)
+    if silhouette.max() > 0:
+        return silhouette
+    if gap_k(embedding(d, k_max), labels_for_k, k_max, references) == 1:
+        return _one(d)
+    return widest_silhouette(d, labels_for_k, k_max)
+
+
 def select(name: str, d: np.ndarray, labels_for_k: LabelsForK, k_max: int,
            params: Mapping[str, Any] | None = None) -> np.ndarray:
     """The named selector's labels (`SELECTORS`), with its parameters."""
@@ -220,7 +258,8 @@ def select(name: str, d: np.ndarray, labels_for_k: LabelsForK, k_max: int,
         "silhouette": silhouette_selector, "eigengap": eigengap_selector, "gap": gap_selector,
         "davies_bouldin": davies_bouldin_selector, "hdbscan": hdbscan_selector,
         "hdbscan_silhouette": hdbscan_silhouette_selector,
-        "silhouette_gap": silhouette_gap_selector}
+        "silhouette_gap": silhouette_gap_selector,
+        "silhouette_gap_width": silhouette_gap_width_selector}
     if name not in rules:
         raise ValueError(f"unknown selector {name!r}; valid: {', '.join(SELECTORS)}")
     return rules[name](d, labels_for_k, k_max, **dict(params or {}))

@@ -23,7 +23,8 @@ A method states which shifts it can see (`sees` on its class); it is held to mea
 
 The realistic tier (`REALISTIC`, issue 59) is the federations users have: 100 clients, a
 fraction a round, unequal clusters with label skew inside, uneven client sizes. There a method
-is held only to the cells `REALISTIC_CLAIMS` lists, those measured to hold.
+is held only to the cells `REALISTIC_CLAIMS` lists, those measured to hold, at mean ARI >=
+`REALISTIC_ARI_BAR` (issue 59's bar for these federations; the clean tier keeps `ARI_BAR`).
 Results are appended to `results.jsonl` as each cell finishes, so a cut-off run resumes.
 """
 
@@ -52,6 +53,9 @@ from clusterfed.experiments.parallel import (
 )
 
 ARI_BAR = 0.95
+# Issue 59's "Done when": mean ARI >= 0.9 over 3 seeds on every realistic cell a method claims
+# (>= 0.95 on the clean tier).
+REALISTIC_ARI_BAR = 0.9
 CLIENTS = 20
 SHIFTS = ("concept", "feature", "label")
 # Every registered method that claims to see a shift (its class's `sees`): a new clustered
@@ -393,12 +397,14 @@ def claims(method: str, scenario: str, dataset: str = "") -> bool:
 def verdict(method: str, scenario: str, aris: Sequence[float], clusters: Sequence[int],
             dataset: str = "") -> str:
     """'pass' / 'FAIL' where the method makes a claim, '' where it makes none: one cluster on
-    every seed of an iid control, else mean ARI >= ARI_BAR."""
+    every seed of an iid control, else mean ARI >= ARI_BAR (REALISTIC_ARI_BAR on the realistic
+    tier)."""
     if not claims(method, scenario, dataset):
         return ""
     if SCENARIOS[scenario].shift == "none":
         return "pass" if all(int(c) == 1 for c in clusters) else "FAIL"
-    return "pass" if float(np.mean(aris)) >= ARI_BAR else "FAIL"
+    bar = REALISTIC_ARI_BAR if scenario in REALISTIC_SCENARIOS else ARI_BAR
+    return "pass" if float(np.mean(aris)) >= bar else "FAIL"
 
 
 def summarise(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -519,8 +525,8 @@ def write_outputs(folder: Path, rows: Sequence[Mapping[str, Any]],
     (folder / "benchmark.md").write_text(header + matrices + "### Every cell\n\n"
                                          + markdown(summary))
     (folder / "benchmark.json").write_text(strict_json.dumps(
-        {"ari_bar": ARI_BAR, "train": TRAIN, "clients": CLIENTS, "summary": summary,
-         "rows": list(rows)}, indent=1) + "\n")
+        {"ari_bar": ARI_BAR, "realistic_ari_bar": REALISTIC_ARI_BAR, "train": TRAIN,
+         "clients": CLIENTS, "summary": summary, "rows": list(rows)}, indent=1) + "\n")
     if summary:
         plot(summary, folder / "benchmark.png")
     return summary
