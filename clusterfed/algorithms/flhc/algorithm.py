@@ -99,7 +99,7 @@ class FLHC:
     metric: str = "cosine"               # l1 | l2 | cosine
     linkage: str = "average"             # single | complete | average | ward (l2 only)
     # The cut. Default (`k_choice`): the tree cut into the K the `k_choice` group chooses (by
-    # default `silhouette_gap`, `options.UPDATES_K_CHOICE`), because the paper's tau is on the
+    # default `silhouette_gap_width`, `options.UPDATES_K_CHOICE`), because the paper's tau is on the
     # updates' scale (A12), which the model, the learning rate and the data set. "absolute"
     # with the paper's tau (block A: 3.0 MNIST, 10.0 FEMNIST) is what the paper presets use;
     # "silhouette" reads `threshold` as the least silhouette of every cluster of the cut (0.25,

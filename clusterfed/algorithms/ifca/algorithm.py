@@ -34,7 +34,7 @@ k from the data (`k_choice: {k: null}`, the default; an extension, the paper fix
 federation first trains one model for `select_round` rounds (FedAvg, as the warm-up above with
 one group); then every client trains it once and the server clusters those updates as FL+HC's
 default does (average linkage on cosine distances, cut into the K the k_choice selector
-chooses, by default `silhouette_gap`, as FL+HC's: `selection.clusters_of_updates`, shared
+chooses, by default `silhouette_gap_width`, as FL+HC's: `selection.clusters_of_updates`, shared
 with FedEM and FedRC, which keep the silhouette rule).
 Each cluster found starts its model from the global model plus its members' mean update, and
 IFCA goes on from those k models, every client choosing its model by loss each round as above.
