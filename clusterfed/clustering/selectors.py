@@ -36,6 +36,7 @@ import numpy as np
 
 from clusterfed.clustering.precomputed import (
     NO_STRUCTURE,
+    best_by_silhouette,
     check_distance,
     choose_clusters,
     first_appearance_labels,
@@ -218,19 +219,10 @@ def silhouette_gap_selector(d: np.ndarray, labels_for_k: LabelsForK, k_max: int,
 
 
 def widest_silhouette(d: np.ndarray, labels_for_k: LabelsForK, k_max: int) -> np.ndarray:
-    """The candidate k in 2..k_max of the largest mean silhouette width on d (scikit-learn's
-    `silhouette_score`), the smaller k on a tie; one cluster if no candidate has two."""
-    from sklearn.metrics import silhouette_score
-
-    best: tuple[float, np.ndarray] | None = None
-    for k in _ks(d, k_max):
-        labels = labels_for_k(k)
-        if len(np.unique(labels)) < 2:
-            continue
-        width = float(silhouette_score(d, labels, metric="precomputed"))
-        if best is None or width > best[0]:
-            best = (width, labels)
-    return _one(d) if best is None else first_appearance_labels(best[1])
+    """The candidate k in 2..k_max of the largest mean silhouette width on d, the smaller k on
+    a tie: `precomputed.best_by_silhouette` with no floor. Candidates with a lone client stay
+    (`min_size=1`), as measured in docs/benchmark.md; a candidate of one cluster scores -1."""
+    return best_by_silhouette(d, labels_for_k, k_max, None, min_size=1)[0]
 
 
 def silhouette_gap_width_selector(d: np.ndarray, labels_for_k: LabelsForK, k_max: int,

@@ -25,7 +25,7 @@ baseline, "(-)" where the baseline's figure is 0 (the layout of FL+HC's Tables I
 `best_over` selects on the figures of the runs' `eval.split`: the test data by default, as the
 FL+HC paper did (say so where it is used); with `eval.split: validation` (and
 `eval.validation_fraction`) on data held out of each client's training set, as a tuning of a
-learning rate should (PACFL's Table 12 grid, `pacfl-labelskew20-fmnist-lr`).
+learning rate should (PACFL's Table 12 grid, `pacfl-table12-lr-fmnist`).
 
 Rerunning a sweep into the same folder reads its finished runs back and resumes a cut-off one
 from its checkpoint; a folder holding another config (evaluation included: the table reads
