@@ -97,6 +97,8 @@ def main(verbose: bool) -> None:
     """Clustered federated learning: run, compare and report the papers' methods."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s: %(message)s")
+    # A journalled step's chunks (hours of LCFL's exchange at scale) are its only progress.
+    logging.getLogger("clusterfed.journal").setLevel(logging.INFO)
 
 
 @main.command()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +20,7 @@ from clusterfed.strict_json import dumps as json_dumps
 CHECKPOINT = "checkpoint.npz"
 # The checkpoint before the newest: a resume falls back to it when the newest is damaged.
 PREVIOUS = "checkpoint.prev.npz"
+JOURNAL = "journal"   # sim/journal.py's folder of a long step's results
 LOCK = ".lock"
 log = logging.getLogger("clusterfed")
 
@@ -66,6 +68,7 @@ class RunFolder:
             (self.path / name).write_text("")
         for name in (CHECKPOINT, PREVIOUS, "summary.json"):
             (self.path / name).unlink(missing_ok=True)
+        shutil.rmtree(self.path / JOURNAL, ignore_errors=True)   # a step journal (sim/journal)
 
     def append(self, name: str, record: Mapping[str, Any]) -> None:
         with open(self.path / name, "a") as f:

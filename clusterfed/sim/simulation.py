@@ -40,6 +40,7 @@ from clusterfed.sim.build import (  # noqa: F401 (the building helpers, imported
     train_spec,
 )
 from clusterfed.sim.executor import Executor
+from clusterfed.sim.journal import StepJournal, journalled
 from clusterfed.sim.protocols import (
     ADAPTATION_STEP,
     PROTOCOLS,
@@ -89,6 +90,10 @@ class Simulation:
                               f"(train.rounds={self.config['train']['rounds']}): the clients "
                               f"would never drift")
         self.folder = RunFolder(Path(out_dir)) if out_dir is not None else None
+        # A long step's results, kept in chunks for a resume (sim/journal.py): only where
+        # there are checkpoints to resume from.
+        self.journal = (StepJournal(self.folder.path) if self.folder is not None
+                        and self.config["run"]["checkpoint_every"] else None)
         if self.config["run"]["loggers"]:
             # Refused here, before a round: no run folder, or a tracker's extra missing.
             check_trackers(self.config, self.folder and self.folder.path)
@@ -124,8 +129,13 @@ class Simulation:
         tasks = self._numbered(tasks)
         if self.spec.optimizer_state == "kept":
             refuse_shared_optimizers(tasks, str(self.config["algorithm"]["name"]))
+        if self.journal is not None and journalled(tasks, self.journal.chunk):
+            answered = self.journal.run(tasks, r, step,
+                                        lambda part: self.executor.run(part, r, step))
+        else:
+            answered = self.executor.run(tasks, r, step)
         kept = []
-        for task, result in match_results(tasks, self.executor.run(tasks, r, step)):
+        for task, result in match_results(tasks, answered):
             if result.is_finite():
                 kept.append(result)
                 if (result.kind is TaskKind.TRAIN and self.own_models is not None
@@ -305,6 +315,8 @@ class Simulation:
                             "wall_seconds": elapsed + time.perf_counter() - began,
                             "own_models": self.own_models or {},
                             "optimizer_states": self._optimizer_states()})
+                        if self.journal is not None:
+                            self.journal.clear()   # the checkpoint holds the round's results
                 if trackers is not None:
                     trackers.round(record, events)
                 if stop:
