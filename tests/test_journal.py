@@ -67,6 +67,7 @@ def test_a_run_stopped_inside_the_exchange_reads_its_finished_chunks_back(tmp_pa
     assert not (tmp_path / "cut" / JOURNAL).exists()
 
 
+@pytest.mark.fast
 def test_a_journal_of_other_tasks_is_not_read(tmp_path):
     """The chunks are keyed by the step's tasks (round, step, clients, models): the same
     tasks read them back, whole and equal; other models or another round do not."""
