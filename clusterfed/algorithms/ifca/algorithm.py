@@ -162,6 +162,10 @@ class IFCA:
     restart_rounds: int = 3             # ... for this many rounds (after any warm-up), then
                                         # the set with the lowest loss is kept
     warmup_rounds: int = 0              # rounds of training k random groups (authors' FEMNIST)
+    # Starts from updates: rounds after the clustering round in which each sampled client
+    # trains its found cluster's model without choosing, so the models part before the
+    # choices by loss start (under label skew the first choices can undo the clusters).
+    hold_rounds: int = 0
     # With k given and random starts, the k-means-like choice keeps merging the toy mixture's
     # label-swap clusters (a model that leaves the loss plateau first wins every client; one
     # nobody chose never trains again: docs/reproductions/ifca.md); with k from the data the
@@ -188,6 +192,12 @@ class IFCA:
         if self.from_updates and (not isinstance(self.select_round, int)
                                   or self.select_round < 0):
             raise ValueError(f"select_round must be an integer >= 0, got {self.select_round!r}")
+        if not isinstance(self.hold_rounds, int) or self.hold_rounds < 0:
+            raise ValueError(f"hold_rounds must be an integer >= 0, got {self.hold_rounds!r}")
+        if self.hold_rounds and not self.from_updates:
+            raise ValueError("hold_rounds holds the clusters found in the updates: it needs a "
+                             "start from updates (k: null, or initialisation: updates); random "
+                             "starts take warmup_rounds")
         if not isinstance(self.warmup_rounds, int) or self.warmup_rounds < 0:
             raise ValueError(f"warmup_rounds must be an integer >= 0, got {self.warmup_rounds!r}")
         if not self.init_noise >= 0:
@@ -210,6 +220,14 @@ class IFCA:
         """Rounds in which clients train their group's model without choosing."""
         return self.select_round if self.from_updates else self.warmup_rounds
 
+    def _held(self, state: IFCAState, ctx: RoundContext) -> bool:
+        """Whether clients train their group's model without choosing this round: the warm-up,
+        or a hold round after the clusters of updates were found (`state.groups`)."""
+        if ctx.round < self._warm_rounds:
+            return True
+        return state.selected and self.from_updates and \
+            ctx.round <= self.select_round + self.hold_rounds
+
     def init(self, setup: Setup) -> IFCAState:
         r, n = self.sets, setup.num_clients
         k = 1 if self.from_updates else int(self.k_choice.k or 1)
@@ -225,7 +243,7 @@ class IFCA:
                          selected=not self.from_updates)
 
     def plan(self, state: IFCAState, ctx: RoundContext) -> list[ClientTask]:
-        if ctx.step == 0 and ctx.round < self._warm_rounds:
+        if ctx.step == 0 and self._held(state, ctx):
             return self._training(state, ctx, ctx.sampled, state.groups)
         if ctx.step == 0 and not state.selected:   # every client trains the one model
             return self._training(state, ctx, np.arange(state.choice.shape[1]), state.groups)
@@ -257,8 +275,8 @@ class IFCA:
                ) -> Update:
         if ctx.step == 0 and not state.selected and ctx.round >= self._warm_rounds:
             return self._select(state, ctx, results)
-        if ctx.step == 0 and ctx.round < self._warm_rounds:
-            # Warm-up: a client's cluster is its group; it trains that model at once.
+        if ctx.step == 0 and self._held(state, ctx):
+            # Warm-up or hold: a client's cluster is its group; it trains that model at once.
             clients = np.array(sorted({x.client for x in results}), dtype=np.int64)
             choice = state.choice.copy()
             choice[:, clients] = state.groups[:, clients]
@@ -344,7 +362,7 @@ class IFCA:
         chosen_round = state.chosen_round.copy()
         chosen_round[clients] = ctx.round
         state = replace(state, models=models[None].astype(np.float32), choice=choice,
-                        chosen_round=chosen_round, groups=np.zeros((1, n), dtype=np.int64),
+                        chosen_round=chosen_round, groups=served_clusters(choice[0])[None],
                         selected=True)
         event = {"type": "ifca_k_selected", "k": found.num_clusters, "clients": clients.tolist(),
                  "labels": labels.tolist(), "tree": np.round(found.linkage, 8).tolist()}
