@@ -13,7 +13,7 @@ from helpers import ctx, tiny_config, weak_groups
 from clusterfed import config as cfg
 from clusterfed.algorithms import Setup, build_algorithm
 from clusterfed.algorithms.choices import served_clusters
-from clusterfed.algorithms.ifca.algorithm import IFCA, IFCAState
+from clusterfed.algorithms.ifca.algorithm import HOLD_ROUNDS, IFCA, IFCAState
 from clusterfed.algorithms.ifca.report import choice_matrix
 from clusterfed.algorithms.options import ClusterCount
 from clusterfed.client import ClientResult, TaskKind
@@ -237,7 +237,7 @@ def test_k_from_the_data_clusters_the_updates_of_one_model_and_starts_each_clust
     """k null: one model until select_round; then every client trains it and the server cuts
     the updates (Ward, silhouette): two opposite groups give k = 2, each model the global
     model plus its group's mean update, and each client's choice is its group."""
-    algo = IFCA(select_round=1)
+    algo = IFCA(select_round=1, hold_rounds=0)
     assert algo.sets == 1 and IFCA(k_choice=ClusterCount(k=2), initialisation="random").sets == 3
     state = algo.init(setup(6))
     assert state.models.shape == (1, 1, 2) and not state.selected
@@ -288,7 +288,12 @@ def test_hold_rounds_train_the_found_clusters_before_any_choice():
         np.testing.assert_allclose(upd.state.models[0, 1], state.models[0, 1] + [2.0, 0.0])
         state = upd.state
     assert algo.plan(state, ctx(4, [1, 4]))[0].kind is TaskKind.LOSSES
-    assert IFCA(select_round=1).plan(state, ctx(2, [1]))[0].kind is TaskKind.LOSSES
+    assert IFCA(select_round=1, hold_rounds=0).plan(state, ctx(2, [1]))[0].kind is TaskKind.LOSSES
+    # By default a start from updates holds HOLD_ROUNDS (5) rounds; random starts none.
+    assert IFCA().holds == HOLD_ROUNDS == 5
+    assert IFCA(k_choice=ClusterCount(k=2), initialisation="random").holds == 0
+    assert IFCA(select_round=1).plan(state, ctx(6, [1]))[0].kind is TaskKind.TRAIN
+    assert IFCA(select_round=1).plan(state, ctx(7, [1]))[0].kind is TaskKind.LOSSES
     with pytest.raises(ValueError, match="hold_rounds holds the clusters found"):
         IFCA(k_choice=ClusterCount(k=2), initialisation="random", hold_rounds=1)
     with pytest.raises(ValueError, match="hold_rounds must be an integer >= 0"):
