@@ -13,7 +13,7 @@ from helpers import ctx, tiny_config, weak_groups
 from clusterfed import config as cfg
 from clusterfed.algorithms import Setup, build_algorithm
 from clusterfed.algorithms.choices import served_clusters
-from clusterfed.algorithms.ifca.algorithm import IFCA, IFCAState
+from clusterfed.algorithms.ifca.algorithm import HOLD_ROUNDS, IFCA, IFCAState
 from clusterfed.algorithms.ifca.report import choice_matrix
 from clusterfed.algorithms.options import ClusterCount
 from clusterfed.client import ClientResult, TaskKind
@@ -237,7 +237,7 @@ def test_k_from_the_data_clusters_the_updates_of_one_model_and_starts_each_clust
     """k null: one model until select_round; then every client trains it and the server cuts
     the updates (Ward, silhouette): two opposite groups give k = 2, each model the global
     model plus its group's mean update, and each client's choice is its group."""
-    algo = IFCA(select_round=1)
+    algo = IFCA(select_round=1, hold_rounds=0)
     assert algo.sets == 1 and IFCA(k_choice=ClusterCount(k=2), initialisation="random").sets == 3
     state = algo.init(setup(6))
     assert state.models.shape == (1, 1, 2) and not state.selected
@@ -262,6 +262,42 @@ def test_k_from_the_data_clusters_the_updates_of_one_model_and_starts_each_clust
     alone = algo.update(state, ctx(1, [2]), [train_result(c, 0, u, 10)
                                              for c, u in enumerate(noise)]).state
     assert alone.models.shape == (1, 1, 2) and (alone.choice[0] == 0).all()
+
+
+def test_hold_rounds_train_the_found_clusters_before_any_choice():
+    """hold_rounds 2: in the two rounds after the clustering round each sampled client trains
+    its found cluster's model (no LOSSES task, no switch); the choices by loss start after."""
+    algo = IFCA(select_round=1, hold_rounds=2)
+    state = algo.init(setup(6))
+    state = algo.update(state, ctx(0, [0, 3]), [train_result(c, 0, [0.0, 0.0], 10)
+                                                for c in (0, 3)]).state
+    ups = [[1.0, 0.02], [1.0, -0.02], [1.02, 0.0], [-1.0, 0.01], [-1.0, -0.01], [-0.98, 0.0]]
+    state = algo.update(state, ctx(1, [2]), [train_result(c, 0, u, 10)
+                                             for c, u in enumerate(ups)]).state
+    found = state.choice[0].tolist()
+    assert found == [0, 0, 0, 1, 1, 1]
+    for r in (2, 3):
+        tasks = algo.plan(state, ctx(r, [1, 4]))
+        assert [(t.kind, t.client, t.meta["cluster"]) for t in tasks] == [
+            (TaskKind.TRAIN, 1, 0), (TaskKind.TRAIN, 4, 1)]
+        np.testing.assert_array_equal(tasks[1].params, state.models[0, 1])
+        # Results that a choice by loss would send elsewhere change nothing: no choice.
+        upd = algo.update(state, ctx(r, [1, 4]), [train_result(1, 0, [-2.0, 0.0], 10),
+                                                  train_result(4, 1, [2.0, 0.0], 10)])
+        assert upd.round_done and upd.state.choice[0].tolist() == found
+        np.testing.assert_allclose(upd.state.models[0, 1], state.models[0, 1] + [2.0, 0.0])
+        state = upd.state
+    assert algo.plan(state, ctx(4, [1, 4]))[0].kind is TaskKind.LOSSES
+    assert IFCA(select_round=1, hold_rounds=0).plan(state, ctx(2, [1]))[0].kind is TaskKind.LOSSES
+    # By default a start from updates holds HOLD_ROUNDS (5) rounds; random starts none.
+    assert IFCA().holds == HOLD_ROUNDS == 5
+    assert IFCA(k_choice=ClusterCount(k=2), initialisation="random").holds == 0
+    assert IFCA(select_round=1).plan(state, ctx(6, [1]))[0].kind is TaskKind.TRAIN
+    assert IFCA(select_round=1).plan(state, ctx(7, [1]))[0].kind is TaskKind.LOSSES
+    with pytest.raises(ValueError, match="hold_rounds holds the clusters found"):
+        IFCA(k_choice=ClusterCount(k=2), initialisation="random", hold_rounds=1)
+    with pytest.raises(ValueError, match="hold_rounds must be an integer >= 0"):
+        IFCA(hold_rounds=-1)
 
 
 def test_k_from_the_data_takes_no_restarts_or_random_groups():

@@ -211,9 +211,11 @@ def test_ifca_newcomers_join_their_true_cluster_by_least_loss(tmp_path):
         peers = [p for p in range(16) if true[p] == true[c] and p not in (3, 14)]
         assert set(found[peers]) == {found[c]}, (c, found.tolist(), true.tolist())
     final = summary["final"]
-    # Fine-tuned on arrival: the own model differs from the cluster model it received.
-    for c in (3, 14):
-        assert final["per_client_accuracy"][c] != final["cluster_per_client_accuracy"][c]
+    # Fine-tuned on arrival: the own models differ from the cluster models they received (a
+    # no-op fine-tune scores both the same; one client's 14 test images may agree by chance).
+    own, served = (tuple(final[key][c] for c in (3, 14))
+                   for key in ("per_client_accuracy", "cluster_per_client_accuracy"))
+    assert own != served
 
 
 def test_a_run_cut_off_after_the_arrival_resumes_to_the_same_summary(tmp_path):

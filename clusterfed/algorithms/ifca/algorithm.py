@@ -40,7 +40,11 @@ Each cluster found starts its model from the global model plus its members' mean
 IFCA goes on from those k models, every client choosing its model by loss each round as above.
 This start is the authors' trained initialisation with groups found in the data instead of
 drawn at random, which also spares IFCA the random starts that, with k given, make restarts
-necessary.
+necessary. For `hold_rounds` (5) rounds after the clustering round each sampled client trains
+its found cluster's model without choosing, as in that warm-up: the models freshly split from
+one model differ little at first, and under label skew inside the clusters the first choices
+by loss can undo the clusters found (docs/benchmark.md, "IFCA's hold"); `hold_rounds: 0`
+lets the choices start at once.
 
 With k given, the k models start the same way by default (`initialisation: updates`, an
 extension): one model for `select_round` rounds, then every client's update, cut into k
@@ -141,6 +145,9 @@ def random_groups(num_clients: int, k: int, rng: np.random.Generator) -> np.ndar
 
 # The algorithm ------------------------------------------------------------------------------
 
+# Rounds a start from updates holds its clusters (measured, docs/benchmark.md, "IFCA's hold").
+HOLD_ROUNDS = 5
+
 
 @ALGORITHMS.register("ifca", report=".report")
 @dataclass(frozen=True)
@@ -162,6 +169,11 @@ class IFCA:
     restart_rounds: int = 3             # ... for this many rounds (after any warm-up), then
                                         # the set with the lowest loss is kept
     warmup_rounds: int = 0              # rounds of training k random groups (authors' FEMNIST)
+    # Starts from updates: rounds after the clustering round in which each sampled client
+    # trains its found cluster's model without choosing, so the models part before the
+    # choices by loss start (under label skew the first choices can undo the clusters);
+    # None: HOLD_ROUNDS for starts from updates, 0 for the others (which refuse more).
+    hold_rounds: int | None = None
     # With k given and random starts, the k-means-like choice keeps merging the toy mixture's
     # label-swap clusters (a model that leaves the loss plateau first wins every client; one
     # nobody chose never trains again: docs/reproductions/ifca.md); with k from the data the
@@ -188,6 +200,13 @@ class IFCA:
         if self.from_updates and (not isinstance(self.select_round, int)
                                   or self.select_round < 0):
             raise ValueError(f"select_round must be an integer >= 0, got {self.select_round!r}")
+        if self.hold_rounds is not None and (not isinstance(self.hold_rounds, int)
+                                             or self.hold_rounds < 0):
+            raise ValueError(f"hold_rounds must be an integer >= 0, got {self.hold_rounds!r}")
+        if self.hold_rounds and not self.from_updates:
+            raise ValueError("hold_rounds holds the clusters found in the updates: it needs a "
+                             "start from updates (k: null, or initialisation: updates); random "
+                             "starts take warmup_rounds")
         if not isinstance(self.warmup_rounds, int) or self.warmup_rounds < 0:
             raise ValueError(f"warmup_rounds must be an integer >= 0, got {self.warmup_rounds!r}")
         if not self.init_noise >= 0:
@@ -206,9 +225,24 @@ class IFCA:
         return 1 if self.from_updates else 3
 
     @property
+    def holds(self) -> int:
+        """Rounds the found clusters train their models before the choices by loss start."""
+        if self.hold_rounds is not None:
+            return self.hold_rounds
+        return HOLD_ROUNDS if self.from_updates else 0
+
+    @property
     def _warm_rounds(self) -> int:
         """Rounds in which clients train their group's model without choosing."""
         return self.select_round if self.from_updates else self.warmup_rounds
+
+    def _held(self, state: IFCAState, ctx: RoundContext) -> bool:
+        """Whether clients train their group's model without choosing this round: the warm-up,
+        or a hold round after the clusters of updates were found (`state.groups`)."""
+        if ctx.round < self._warm_rounds:
+            return True
+        return state.selected and self.from_updates and \
+            ctx.round <= self.select_round + self.holds
 
     def init(self, setup: Setup) -> IFCAState:
         r, n = self.sets, setup.num_clients
@@ -225,7 +259,7 @@ class IFCA:
                          selected=not self.from_updates)
 
     def plan(self, state: IFCAState, ctx: RoundContext) -> list[ClientTask]:
-        if ctx.step == 0 and ctx.round < self._warm_rounds:
+        if ctx.step == 0 and self._held(state, ctx):
             return self._training(state, ctx, ctx.sampled, state.groups)
         if ctx.step == 0 and not state.selected:   # every client trains the one model
             return self._training(state, ctx, np.arange(state.choice.shape[1]), state.groups)
@@ -257,8 +291,8 @@ class IFCA:
                ) -> Update:
         if ctx.step == 0 and not state.selected and ctx.round >= self._warm_rounds:
             return self._select(state, ctx, results)
-        if ctx.step == 0 and ctx.round < self._warm_rounds:
-            # Warm-up: a client's cluster is its group; it trains that model at once.
+        if ctx.step == 0 and self._held(state, ctx):
+            # Warm-up or hold: a client's cluster is its group; it trains that model at once.
             clients = np.array(sorted({x.client for x in results}), dtype=np.int64)
             choice = state.choice.copy()
             choice[:, clients] = state.groups[:, clients]
@@ -344,7 +378,7 @@ class IFCA:
         chosen_round = state.chosen_round.copy()
         chosen_round[clients] = ctx.round
         state = replace(state, models=models[None].astype(np.float32), choice=choice,
-                        chosen_round=chosen_round, groups=np.zeros((1, n), dtype=np.int64),
+                        chosen_round=chosen_round, groups=served_clusters(choice[0])[None],
                         selected=True)
         event = {"type": "ifca_k_selected", "k": found.num_clusters, "clients": clients.tolist(),
                  "labels": labels.tolist(), "tree": np.round(found.linkage, 8).tolist()}
