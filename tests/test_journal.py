@@ -48,7 +48,7 @@ def run(folder, executor_of, resume=False, chunk=5):
     probe = Simulation(lcfl_config())
     executor = executor_of(probe.executor)
     sim = Simulation(lcfl_config(), folder, executor=executor)
-    sim.journal = StepJournal(folder, chunk=chunk)
+    sim.journal = StepJournal(folder, chunk=chunk, evaluations=100)   # 12 x 12 models
     return sim.run(resume=resume), executor
 
 
@@ -104,5 +104,6 @@ def test_only_long_losses_steps_are_journalled():
     state = probe.algorithm.init(probe.setup)
     losses = [ClientTask(c, TaskKind.LOSSES, state.models) for c in range(12)]
     train = [ClientTask(c, TaskKind.TRAIN, state.models[0], probe.spec) for c in range(12)]
-    assert journalled(losses, chunk=5) and not journalled(losses, chunk=12)
-    assert not journalled(train, chunk=5)
+    assert journalled(losses, chunk=5, evaluations=12) and not journalled(losses, chunk=12)
+    assert not journalled(losses, chunk=5, evaluations=13)    # 12 tasks of one model each
+    assert not journalled(train, chunk=5, evaluations=1)

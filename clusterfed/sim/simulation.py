@@ -129,9 +129,9 @@ class Simulation:
         tasks = self._numbered(tasks)
         if self.spec.optimizer_state == "kept":
             refuse_shared_optimizers(tasks, str(self.config["algorithm"]["name"]))
-        if self.journal is not None and journalled(tasks, self.journal.chunk):
-            answered = self.journal.run(tasks, r, step,
-                                        lambda part: self.executor.run(part, r, step))
+        journal = self.journal
+        if journal is not None and journalled(tasks, journal.chunk, journal.evaluations):
+            answered = journal.run(tasks, r, step, lambda part: self.executor.run(part, r, step))
         else:
             answered = self.executor.run(tasks, r, step)
         kept = []
