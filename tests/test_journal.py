@@ -3,13 +3,15 @@ the chunks it finished read back, and ends as an unbroken run."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from helpers import comparable, tiny_config
 
 from clusterfed.config import merge
 from clusterfed.run_folder import JOURNAL
-from clusterfed.sim.journal import StepJournal, journalled
+from clusterfed.sim.journal import StepJournal
 from clusterfed.sim.simulation import Simulation
 from clusterfed.tasks import ClientResult, ClientTask, TaskKind, numbered
 
@@ -104,6 +106,9 @@ def test_only_long_losses_steps_are_journalled():
     state = probe.algorithm.init(probe.setup)
     losses = [ClientTask(c, TaskKind.LOSSES, state.models) for c in range(12)]
     train = [ClientTask(c, TaskKind.TRAIN, state.models[0], probe.spec) for c in range(12)]
-    assert journalled(losses, chunk=5, evaluations=12) and not journalled(losses, chunk=12)
-    assert not journalled(losses, chunk=5, evaluations=13)    # 12 tasks of one model each
-    assert not journalled(train, chunk=5, evaluations=1)
+    def takes(tasks, **limits):
+        return StepJournal(Path("unused"), **limits).takes(tasks)
+
+    assert takes(losses, chunk=5, evaluations=12) and not takes(losses, chunk=12)
+    assert not takes(losses, chunk=5, evaluations=13)    # 12 tasks of one model each
+    assert not takes(train, chunk=5, evaluations=1)

@@ -37,14 +37,6 @@ CHUNK = 16               # tasks a chunk: about 15 minutes of one core at M = 1,
 EVALUATIONS = 10_000
 
 
-def journalled(tasks: Sequence[ClientTask], chunk: int = CHUNK,
-               evaluations: int = EVALUATIONS) -> bool:
-    """Whether a step is journalled: LOSSES tasks only, more than one chunk of them, and at
-    least `evaluations` model evaluations in all (a task's models are its params' rows)."""
-    return (len(tasks) > chunk and all(t.kind is TaskKind.LOSSES for t in tasks)
-            and sum(len(np.atleast_2d(t.params)) for t in tasks) >= evaluations)
-
-
 def fingerprint(tasks: Sequence[ClientTask], round_index: int, step: int) -> str:
     """What identifies a step's tasks: round, step, each task's id, client and loss spec, and
     the bytes of every distinct model array they carry (LCFL's tasks share one)."""
@@ -74,6 +66,12 @@ class StepJournal:
                  evaluations: int = EVALUATIONS) -> None:
         self.path = Path(run_folder) / JOURNAL
         self.chunk, self.evaluations = chunk, evaluations
+
+    def takes(self, tasks: Sequence[ClientTask]) -> bool:
+        """Whether a step is journalled: LOSSES tasks only, more than one chunk of them, and at
+        least `evaluations` model evaluations in all (a task's models are its params' rows)."""
+        return (len(tasks) > self.chunk and all(t.kind is TaskKind.LOSSES for t in tasks)
+                and sum(len(np.atleast_2d(t.params)) for t in tasks) >= self.evaluations)
 
     def run(self, tasks: Sequence[ClientTask], round_index: int, step: int,
             execute: Callable[[Sequence[ClientTask]], list[ClientResult]]

@@ -40,7 +40,7 @@ from clusterfed.sim.build import (  # noqa: F401 (the building helpers, imported
     train_spec,
 )
 from clusterfed.sim.executor import Executor
-from clusterfed.sim.journal import StepJournal, journalled
+from clusterfed.sim.journal import StepJournal
 from clusterfed.sim.protocols import (
     ADAPTATION_STEP,
     PROTOCOLS,
@@ -129,9 +129,9 @@ class Simulation:
         tasks = self._numbered(tasks)
         if self.spec.optimizer_state == "kept":
             refuse_shared_optimizers(tasks, str(self.config["algorithm"]["name"]))
-        journal = self.journal
-        if journal is not None and journalled(tasks, journal.chunk, journal.evaluations):
-            answered = journal.run(tasks, r, step, lambda part: self.executor.run(part, r, step))
+        if self.journal is not None and self.journal.takes(tasks):
+            answered = self.journal.run(tasks, r, step,
+                                        lambda part: self.executor.run(part, r, step))
         else:
             answered = self.executor.run(tasks, r, step)
         kept = []
