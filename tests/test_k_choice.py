@@ -133,7 +133,7 @@ def test_k_fixed_ignores_the_data():
     ({"name": "pacfl", "min_silhouette": 0.3},
      ClusterCount(selector="hdbscan_silhouette", min_silhouette=0.3)),
     ({"name": "fedem", "components": 3}, ClusterCount(k=3)),
-    ({"name": "fedrc", "components": None}, ClusterCount()),
+    ({"name": "fedrc", "components": None}, ClusterCount(selector="silhouette_gap_width")),
     ({"name": "fesem", "k": 2, "k_choice": {"k_max": 5}}, ClusterCount(k=2, k_max=5)),
 ])
 def test_old_flat_keys_load_into_the_group(section, expected):

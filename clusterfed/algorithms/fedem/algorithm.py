@@ -32,7 +32,8 @@ Deviations, and why:
 - M from the data (`k_choice: {k: null}`, the default; the paper fixes M = 3): one model is
   trained by FedAvg for `select_round` rounds, then every client trains it once and the
   updates are clustered by the rule IFCA's `k: null` uses (`selection.clusters_of_updates`,
-  FL+HC's silhouette cut); each cluster's model is a component, and each client's initial
+  FL+HC's cut, by default `silhouette_gap_width` since 2026-12-07, before it the silhouette
+  rule); each cluster's model is a component, and each client's initial
   pi puts `prior_confidence` on its cluster and shares the rest evenly (`initial_pi:
   clusters`): the selection has already seen which component fits the client, and the
   E-step may still move it. `initial_pi: uniform` starts every client at 1/M (the paper).
@@ -66,7 +67,7 @@ from clusterfed.algorithms.base import (
     check_choices,
 )
 from clusterfed.algorithms.choices import NEVER, initial_models
-from clusterfed.algorithms.options import ClusterCount
+from clusterfed.algorithms.options import UPDATES_K_CHOICE, ClusterCount
 from clusterfed.algorithms.selection import clusters_of_updates
 from clusterfed.state import serialisable
 from clusterfed.tasks import ClientResult, ClientTask, LocalObjective, LossSpec, TaskKind
@@ -141,8 +142,9 @@ def component_weights(num_samples: np.ndarray, pi: np.ndarray, weighting: Weight
 @dataclass(frozen=True)
 class FedEM:
     # M = k_choice.k (the old key `components`; the paper's default is 3); null: from the
-    # data, by the selector on the updates of round select_round's one model
-    k_choice: ClusterCount = ClusterCount()
+    # data, by the selector on the updates of round select_round's one model (IFCA's and
+    # FL+HC's `silhouette_gap_width`: the same updates, cut the same way)
+    k_choice: ClusterCount = UPDATES_K_CHOICE
     select_round: int = 10              # M null: one model until this round (0-based)
     initial_pi: str = "clusters"        # M from the data: "clusters" or "uniform" (1/M)
     prior_confidence: float = 0.9       # "clusters": pi_t on the client's own cluster
@@ -158,7 +160,7 @@ class FedEM:
     def __post_init__(self) -> None:
         check_choices(self, self._kinds)
         aggregation_weights(np.ones(1), self.weighting)
-        object.__setattr__(self, "k_choice", ClusterCount.of(self.k_choice))
+        object.__setattr__(self, "k_choice", ClusterCount.of(self.k_choice, UPDATES_K_CHOICE))
         if not isinstance(self.select_round, int) or self.select_round < 0:
             raise ValueError(f"select_round must be an integer >= 0, got {self.select_round!r}")
         if not 0.0 < self.prior_confidence <= 1.0:
