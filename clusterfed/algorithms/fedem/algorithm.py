@@ -32,7 +32,7 @@ Deviations, and why:
 - M from the data (`k_choice: {k: null}`, the default; the paper fixes M = 3): one model is
   trained by FedAvg for `select_round` rounds, then every client trains it once and the
   updates are clustered by the rule IFCA's `k: null` uses (`selection.clusters_of_updates`,
-  FL+HC's cut, by default `silhouette_gap_width` since 2026-12-07, before it the silhouette
+  FL+HC's cut, by default `silhouette_gap_width` since 2026-12-08, before it the silhouette
   rule); each cluster's model is a component, and each client's initial
   pi puts `prior_confidence` on its cluster and shares the rest evenly (`initial_pi:
   clusters`): the selection has already seen which component fits the client, and the

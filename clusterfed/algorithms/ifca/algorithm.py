@@ -35,7 +35,7 @@ federation first trains one model for `select_round` rounds (FedAvg, as the warm
 one group); then every client trains it once and the server clusters those updates as FL+HC's
 default does (average linkage on cosine distances, cut into the K the k_choice selector
 chooses, by default `silhouette_gap_width`, as FL+HC's: `selection.clusters_of_updates`, shared
-with FedEM and FedRC, which keep the silhouette rule).
+with FedEM and FedRC, which cut the same way).
 Each cluster found starts its model from the global model plus its members' mean update, and
 IFCA goes on from those k models, every client choosing its model by loss each round as above.
 This start is the authors' trained initialisation with groups found in the data instead of
