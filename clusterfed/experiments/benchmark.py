@@ -217,7 +217,7 @@ _UPDATES_HOLD = {"mnist": {"label_permutation_k4_equal": (10, 30), "iid": (10, 3
 # FedEM's and FedRC's (M by `silhouette_gap_width`, since 2026-12-08), measured the same way
 # (docs/benchmark.md, "FedEM's and FedRC's selector"); FedRC sees concept shift only.
 _EM_HOLDS = {"fedem": ("label_permutation_k4_equal_p30", "label_permutation_k4_equal_p10",
-                       "rotation_k4_unequal_p30"),
+                       "rotation_k4_unequal_p30", "rotation_k4_unequal_p10"),
              "fedrc": ("label_permutation_k4_equal_p30", "label_permutation_k4_equal_p10")}
 # The iid controls: every clustered method gave one cluster on every seed (0-2) of both
 # datasets at 10 % and 30 % (docs/benchmark.md, "The iid controls, every method"), but these.
