@@ -190,35 +190,38 @@ REALISTIC_CI = {"datasets": ("mnist",),
                 "scenarios": ("rotation_k4_unequal_p30", "label_permutation_k4_equal_p30",
                               "iid_p30"),
                 "methods": ("flhc", "ifca", "pacfl"), "seeds": (0,)}
-# PACFL's cells measured to hold (mean ARI >= 0.95 over seeds 0-2 and over seeds 0-5,
-# docs/benchmark.md, "Selectors"): it clusters once, on every client's signature, so 10 % and
-# 30 % participation give the same clusters.
+# Realistic cells measured to hold with each method's defaults, beside the iid controls
+# below: {dataset: {cell: the participations (per cent) it holds at}}.
+# PACFL's (mean ARI >= 0.95 over seeds 0-2 and over seeds 0-5, docs/benchmark.md,
+# "Selectors"): it clusters once, on every client's signature, so 10 % and 30 %
+# participation give the same clusters.
 _PACFL_HOLDS = {
-    "mnist": ("rotation_k2_equal", "rotation_k2_unequal", "rotation_k4_equal",
-              "rotation_k4_unequal", "rotation_k8_unequal", "label_groups_k2_equal",
-              "label_groups_k2_unequal", "label_groups_k4_equal", "label_groups_k4_unequal",
-              "iid"),
-    "fashion_mnist": ("rotation_k2_equal", "rotation_k4_equal", "rotation_k4_unequal",
-                      "rotation_k8_equal", "rotation_k8_unequal", "label_groups_k4_equal",
-                      "label_groups_k4_unequal", "iid"),
+    "mnist": dict.fromkeys(("rotation_k2_equal", "rotation_k2_unequal", "rotation_k4_equal",
+                            "rotation_k4_unequal", "rotation_k8_unequal",
+                            "label_groups_k2_equal", "label_groups_k2_unequal",
+                            "label_groups_k4_equal", "label_groups_k4_unequal"),
+                           REALISTIC_PARTICIPATION),
+    "fashion_mnist": dict.fromkeys(("rotation_k2_equal", "rotation_k4_equal",
+                                    "rotation_k4_unequal", "rotation_k8_equal",
+                                    "rotation_k8_unequal", "label_groups_k4_equal",
+                                    "label_groups_k4_unequal"), REALISTIC_PARTICIPATION),
 }
-
-
-# IFCA's and FL+HC's cells measured to hold with their defaults (`silhouette_gap_width`;
-# IFCA's `hold_rounds` 5) at mean ARI >= REALISTIC_ARI_BAR over seeds 0-2 by full runs
-# (docs/benchmark.md, "Selectors for the update-based methods" and "IFCA's hold"; the label
-# permutation with equal clusters at 30 % and the iid controls chose the same clusters under
-# `silhouette_gap`, measured then, and the selectors agree on their records).
-_UPDATES_HOLD = {"mnist": {"label_permutation_k4_equal": (10, 30), "iid": (10, 30),
-                           "rotation_k4_equal": (30,), "rotation_k4_unequal": (10, 30),
+# IFCA's and FL+HC's (`silhouette_gap_width`; IFCA's `hold_rounds` 5) at mean ARI >=
+# REALISTIC_ARI_BAR over seeds 0-2 by full runs (docs/benchmark.md, "Selectors for the
+# update-based methods" and "IFCA's hold"; the label permutation with equal clusters at 30 %
+# chose the same clusters under `silhouette_gap`, measured then, and the selectors agree on
+# their records).
+_UPDATES_HOLD = {"mnist": {"label_permutation_k4_equal": (10, 30), "rotation_k4_equal": (30,),
+                           "rotation_k4_unequal": (10, 30),
                            "label_permutation_k4_unequal": (30,)},
-                 "fashion_mnist": {"label_permutation_k4_equal": (30,), "iid": (10, 30)}}
-
+                 "fashion_mnist": {"label_permutation_k4_equal": (30,)}}
 # FedEM's and FedRC's (M by `silhouette_gap_width`, since 2026-12-08), measured the same way
 # (docs/benchmark.md, "FedEM's and FedRC's selector"); FedRC sees concept shift only.
-_EM_HOLDS = {"fedem": ("label_permutation_k4_equal_p30", "label_permutation_k4_equal_p10",
-                       "rotation_k4_unequal_p30", "rotation_k4_unequal_p10"),
-             "fedrc": ("label_permutation_k4_equal_p30", "label_permutation_k4_equal_p10")}
+_FEDEM_HOLDS = {"mnist": {"label_permutation_k4_equal": (10, 30),
+                          "rotation_k4_unequal": (10, 30)}}
+_FEDRC_HOLDS = {"mnist": {"label_permutation_k4_equal": (10, 30)}}
+_HOLDS = ((("pacfl",), _PACFL_HOLDS), (("flhc", "ifca"), _UPDATES_HOLD),
+          (("fedem",), _FEDEM_HOLDS), (("fedrc",), _FEDRC_HOLDS))
 # The iid controls: every clustered method gave one cluster on every seed (0-2) of both
 # datasets at 10 % and 30 % (docs/benchmark.md, "The iid controls, every method"), but these.
 _IID_MISSES = {("fashion_mnist", "iid_p10"): {"lcfl"}}     # seed 0: 3 clients split off
@@ -230,17 +233,11 @@ def _realistic_claims() -> dict[tuple[str, str], frozenset[str]]:
         for share in REALISTIC_PARTICIPATION:
             cell = (dataset, realistic_name("iid", None, None, share))
             claims[cell] = set(CLUSTERED) - _IID_MISSES.get(cell, set())
-    for dataset, cells in _PACFL_HOLDS.items():
-        for cell in cells:
-            for share in REALISTIC_PARTICIPATION:
-                claims.setdefault((dataset, f"{cell}_p{share}"), set()).add("pacfl")
-    for dataset, held in _UPDATES_HOLD.items():
-        for cell, shares in held.items():
-            for share in shares:
-                claims.setdefault((dataset, f"{cell}_p{share}"), set()).update({"flhc", "ifca"})
-    for method, cells in _EM_HOLDS.items():
-        for cell in cells:
-            claims.setdefault(("mnist", cell), set()).add(method)
+    for methods, held in _HOLDS:
+        for dataset, cells in held.items():
+            for cell, shares in cells.items():
+                for share in shares:
+                    claims.setdefault((dataset, f"{cell}_p{share}"), set()).update(methods)
     return {key: frozenset(methods) for key, methods in claims.items()}
 
 
