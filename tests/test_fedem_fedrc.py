@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import ctx, tiny_config, weak_groups
+from helpers import ctx, tiny_config
 
 from clusterfed.algorithms import Setup, build_algorithm
 from clusterfed.algorithms.fedem.algorithm import (
@@ -182,23 +182,6 @@ def test_m_from_the_data_starts_each_component_from_a_cluster_of_updates():
     np.testing.assert_allclose(new.models, [[2.0067, 0.0], [0.0067, 0.0]], atol=1e-4)
     np.testing.assert_allclose(new.pi[:, 0], [0.8, 0.8, 0.8, 0.2, 0.2, 0.2])
     assert algo.plan(new, ctx(2, [0]))[0].kind is TaskKind.LOSSES
-
-
-@pytest.mark.parametrize("method", [FedEM, FedRC])
-def test_m_from_the_data_cuts_the_updates_as_ifca_does(method):
-    """M from the data is IFCA's cut (`silhouette_gap_width`): four equal groups of updates
-    whose silhouettes fall under the silhouette rule's floor are four components (the
-    silhouette rule, the default before, says one); the same clients with no groups are one."""
-    from clusterfed.algorithms.selection import clusters_of_updates
-
-    truth, grouped, alike = weak_groups()
-    base, weights = np.zeros(grouped.shape[1], np.float32), np.ones(len(truth))
-    found = clusters_of_updates(base, grouped, weights, method().k_choice)
-    assert found.num_clusters == 4
-    assert len(set(zip(found.labels.tolist(), truth.tolist(), strict=True))) == 4
-    assert clusters_of_updates(base, alike, weights, method().k_choice).num_clusters == 1
-    silhouette = method(k_choice={"selector": "silhouette"}).k_choice
-    assert clusters_of_updates(base, grouped, weights, silhouette).num_clusters == 1
 
 
 @pytest.mark.parametrize("options", [{"components": 0}, {"select_round": -1},

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from helpers import ctx, tiny_config, weak_groups
+from helpers import ctx, tiny_config
 
 from clusterfed import config as cfg
 from clusterfed.algorithms import Setup, build_algorithm
@@ -387,19 +387,3 @@ def test_the_local_protocol_keeps_the_model_of_the_served_restart_set(seed):
     served = int(np.argmin(sim.state.objective))
     for c in range(sim.federation.num_clients):
         np.testing.assert_array_equal(sim.own_models[c], sim.executor.trained[c, served])
-
-
-def test_k_from_the_data_defaults_to_the_gap_statistic_on_the_updates():
-    """IFCA's K from the data is FL+HC's default cut (`silhouette_gap_width`): four equal groups of
-    updates whose silhouettes fall under the silhouette rule's floor are four clusters (the
-    silhouette rule says one); the same clients with no groups are one."""
-    from clusterfed.algorithms.selection import clusters_of_updates
-
-    truth, grouped, alike = weak_groups()
-    base, weights = np.zeros(grouped.shape[1], np.float32), np.ones(len(truth))
-    found = clusters_of_updates(base, grouped, weights, IFCA().k_choice)
-    assert found.num_clusters == 4
-    assert len(set(zip(found.labels.tolist(), truth.tolist(), strict=True))) == 4
-    assert clusters_of_updates(base, alike, weights, IFCA().k_choice).num_clusters == 1
-    silhouette = IFCA(k_choice={"selector": "silhouette"}).k_choice
-    assert clusters_of_updates(base, grouped, weights, silhouette).num_clusters == 1

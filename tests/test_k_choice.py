@@ -10,7 +10,10 @@ from sklearn.metrics import adjusted_rand_score
 
 from clusterfed import config as cfg
 from clusterfed.algorithms import build_algorithm
+from clusterfed.algorithms.fedem.algorithm import FedEM
+from clusterfed.algorithms.fedrc.algorithm import FedRC
 from clusterfed.algorithms.flexcfl.algorithm import group_labels
+from clusterfed.algorithms.ifca.algorithm import IFCA
 from clusterfed.algorithms.lcfl import LCFL
 from clusterfed.algorithms.options import ClusterCount
 from clusterfed.algorithms.pacfl import PACFL
@@ -315,3 +318,20 @@ def test_silhouette_gap_width_says_one_where_the_gap_statistic_does():
     truth, grouped, alike = weak_groups()
     assert update_tree_choice(alike, "silhouette_gap_width").max() == 0
     assert adjusted_rand_score(truth, update_tree_choice(grouped, "silhouette_gap_width")) == 1.0
+
+
+@pytest.mark.parametrize("method", [IFCA, FedEM, FedRC])
+def test_k_from_the_updates_is_the_silhouette_gap_width_cut(method):
+    """IFCA's k and FedEM's and FedRC's M from the data are FL+HC's default cut
+    (`silhouette_gap_width`) of one round's updates: four equal groups of updates whose
+    silhouettes fall under the silhouette rule's floor are four clusters (the silhouette rule,
+    FedEM's and FedRC's default before 2026-12-08, says one); the same clients with no groups
+    are one."""
+    truth, grouped, alike = weak_groups()
+    base, weights = np.zeros(grouped.shape[1], np.float32), np.ones(len(truth))
+    found = clusters_of_updates(base, grouped, weights, method().k_choice)
+    assert found.num_clusters == 4
+    assert len(set(zip(found.labels.tolist(), truth.tolist(), strict=True))) == 4
+    assert clusters_of_updates(base, alike, weights, method().k_choice).num_clusters == 1
+    silhouette = method(k_choice={"selector": "silhouette"}).k_choice
+    assert clusters_of_updates(base, grouped, weights, silhouette).num_clusters == 1
